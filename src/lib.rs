@@ -1,0 +1,1 @@
+//! Berth: a container runtime for Kubernetes nodes.
