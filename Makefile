@@ -1,0 +1,35 @@
+# Berth: build, run, test, bench, lint. `make run` and `make test` do all set-up on a fresh Debian 12 machine (as root).
+CARGO ?= cargo
+ROOT ?= /var/lib/berth
+ARGS ?=
+
+.PHONY: all deps build run test unit lint bench clean
+
+all: build
+
+deps:
+	bash hack/install-deps.sh
+
+build: deps
+	$(CARGO) build --release --workspace
+
+# Builds and starts berthd with its defaults (socket /run/berth/berth.sock).
+run: build
+	./target/release/berthd $(ARGS)
+
+# The whole suite: registries and test images, unit and integration tests, lints.
+test: deps
+	$(CARGO) fmt --all -- --check
+	eval "$$(bash hack/test-env.sh)" && $(CARGO) nextest run --workspace --no-fail-fast
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: build
+	bash hack/install-deps.sh --bench
+	bash hack/bench-pull.sh
+
+clean:
+	$(CARGO) clean
