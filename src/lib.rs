@@ -1,1 +1,10 @@
-//! Berth: a container runtime for Kubernetes nodes.
+//! Berth: a container runtime for Kubernetes nodes (CRI server, image service, node agent).
+
+pub mod client;
+pub mod config;
+pub mod cri;
+pub mod daemon;
+pub mod image;
+pub mod logging;
+pub mod store;
+pub mod util;

@@ -1,1 +1,397 @@
-fn main() {}
+//! berthctl: a CRI client with crictl-like commands.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use berth::client::{CriClient, socket_path};
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_cri::v1 as cri;
+
+#[derive(Parser)]
+#[command(
+    name = "berthctl",
+    version,
+    about = "Talk to a CRI runtime (Berth, or any other) over its socket"
+)]
+struct Cli {
+    /// CRI endpoint (unix socket).
+    #[arg(
+        long,
+        short = 'r',
+        global = true,
+        env = "BERTH_ENDPOINT",
+        default_value = "unix:///run/berth/berth.sock"
+    )]
+    endpoint: String,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Seconds before a call gives up.
+    #[arg(long, global = true, default_value_t = 600)]
+    timeout: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runtime name and versions.
+    Version,
+    /// Runtime status and conditions.
+    Info,
+    /// Pull an image.
+    Pull {
+        /// Image reference.
+        image: String,
+        /// Registry credentials as USER:PASSWORD.
+        #[arg(long)]
+        creds: Option<String>,
+        /// Registry bearer token.
+        #[arg(long)]
+        registry_token: Option<String>,
+        /// Do not show progress.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List images.
+    Images {
+        /// Only images matching this reference.
+        image: Option<String>,
+        /// Show only ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Show an image's status (verbose).
+    Inspecti {
+        /// Image reference or id.
+        image: String,
+    },
+    /// Remove images.
+    Rmi {
+        /// Image references or ids.
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Image filesystem usage.
+    Imagefsinfo,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("berthctl: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(cli)) {
+        eprintln!("berthctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn human_size(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b}B")
+    } else {
+        format!("{v:.3}{}", UNITS[u])
+    }
+}
+
+fn status_message(e: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", e.code(), e.message())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let path = socket_path(&cli.endpoint);
+    let client = tokio::time::timeout(Duration::from_secs(10), CriClient::connect(&path))
+        .await
+        .with_context(|| format!("timed out connecting to {}", path.display()))??;
+    let json = cli.output == Output::Json;
+    let deadline = Duration::from_secs(cli.timeout);
+    match cli.command {
+        Command::Version => {
+            let v = client
+                .runtime()
+                .version(cri::VersionRequest {
+                    version: "v1".into(),
+                })
+                .await
+                .map_err(status_message)?
+                .into_inner();
+            if json {
+                print_json(&v)?;
+            } else {
+                println!("Version:  {}", v.version);
+                println!("RuntimeName:  {}", v.runtime_name);
+                println!("RuntimeVersion:  {}", v.runtime_version);
+                println!("RuntimeApiVersion:  {}", v.runtime_api_version);
+            }
+        }
+        Command::Info => {
+            let s = client
+                .runtime()
+                .status(cri::StatusRequest { verbose: true })
+                .await
+                .map_err(status_message)?
+                .into_inner();
+            if json {
+                print_json(&s)?;
+            } else {
+                for c in s.status.iter().flat_map(|s| &s.conditions) {
+                    println!(
+                        "{:<14} {:<6} {} {}",
+                        c.r#type, c.status, c.reason, c.message
+                    );
+                }
+            }
+        }
+        Command::Pull {
+            image,
+            creds,
+            registry_token,
+            quiet,
+        } => {
+            let mut auth = None;
+            if let Some(c) = creds {
+                let (u, p) = c.split_once(':').context("--creds must be USER:PASSWORD")?;
+                auth = Some(cri::AuthConfig {
+                    username: u.into(),
+                    password: p.into(),
+                    ..Default::default()
+                });
+            }
+            if let Some(t) = registry_token {
+                auth = Some(cri::AuthConfig {
+                    registry_token: t,
+                    ..Default::default()
+                });
+            }
+            let req = cri::PullImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.clone(),
+                    ..Default::default()
+                }),
+                auth,
+                sandbox_config: None,
+            };
+            let mut images = client.images();
+            let pull = tokio::time::timeout(deadline, images.pull_image(req));
+            let show = !quiet && !json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let resp = if show {
+                with_progress(&client, &image, pull).await
+            } else {
+                pull.await
+            }
+            .context("pull timed out")?
+            .map_err(status_message)?
+            .into_inner();
+            if json {
+                print_json(&resp)?;
+            } else {
+                println!("Image is up to date for {}", resp.image_ref);
+            }
+        }
+        Command::Images { image, quiet } => {
+            let filter = image.map(|i| cri::ImageFilter {
+                image: Some(cri::ImageSpec {
+                    image: i,
+                    ..Default::default()
+                }),
+            });
+            let list = client
+                .images()
+                .list_images(cri::ListImagesRequest { filter })
+                .await
+                .map_err(status_message)?
+                .into_inner();
+            if json {
+                print_json(&list)?;
+            } else if quiet {
+                for i in &list.images {
+                    println!("{}", i.id);
+                }
+            } else {
+                println!(
+                    "{:<50} {:<20} {:<15} {:<10}",
+                    "IMAGE", "TAG", "IMAGE ID", "SIZE"
+                );
+                for i in &list.images {
+                    let short =
+                        i.id.trim_start_matches("sha256:")
+                            .chars()
+                            .take(13)
+                            .collect::<String>();
+                    let names: Vec<(String, String)> = if i.repo_tags.is_empty() {
+                        i.repo_digests
+                            .iter()
+                            .map(|d| {
+                                (
+                                    d.split('@').next().unwrap_or_default().to_string(),
+                                    "<none>".into(),
+                                )
+                            })
+                            .take(1)
+                            .collect()
+                    } else {
+                        i.repo_tags
+                            .iter()
+                            .map(|t| match t.rsplit_once(':') {
+                                Some((r, tag)) if !tag.contains('/') => {
+                                    (r.to_string(), tag.to_string())
+                                }
+                                _ => (t.clone(), "<none>".into()),
+                            })
+                            .collect()
+                    };
+                    for (repo, tag) in names {
+                        println!(
+                            "{repo:<50} {tag:<20} {short:<15} {:<10}",
+                            human_size(i.size)
+                        );
+                    }
+                }
+            }
+        }
+        Command::Inspecti { image } => {
+            let s = client
+                .images()
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.clone(),
+                        ..Default::default()
+                    }),
+                    verbose: true,
+                })
+                .await
+                .map_err(status_message)?
+                .into_inner();
+            if s.image.is_none() {
+                bail!("no such image {image}");
+            }
+            let info: serde_json::Map<String, serde_json::Value> = s
+                .info
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        serde_json::from_str(v).unwrap_or(serde_json::Value::String(v.clone())),
+                    )
+                })
+                .collect();
+            print_json(&serde_json::json!({ "status": s.image, "info": info }))?;
+        }
+        Command::Rmi { images } => {
+            for image in images {
+                client
+                    .images()
+                    .remove_image(cri::RemoveImageRequest {
+                        image: Some(cri::ImageSpec {
+                            image: image.clone(),
+                            ..Default::default()
+                        }),
+                    })
+                    .await
+                    .map_err(status_message)
+                    .with_context(|| format!("removing {image}"))?;
+                if !json {
+                    println!("Deleted: {image}");
+                }
+            }
+        }
+        Command::Imagefsinfo => {
+            let r = client
+                .images()
+                .image_fs_info(cri::ImageFsInfoRequest {})
+                .await
+                .map_err(status_message)?
+                .into_inner();
+            if json {
+                print_json(&r)?;
+            } else {
+                for f in &r.image_filesystems {
+                    println!(
+                        "{}  used {}  inodes {}",
+                        f.fs_id
+                            .as_ref()
+                            .map(|i| i.mountpoint.as_str())
+                            .unwrap_or_default(),
+                        human_size(f.used_bytes.as_ref().map(|u| u.value).unwrap_or_default()),
+                        f.inodes_used.as_ref().map(|u| u.value).unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `pull` while drawing per-layer byte counts from the runtime's verbose status.
+async fn with_progress<F, T>(client: &CriClient, image: &str, pull: F) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    tokio::pin!(pull);
+    let mut drawn = 0usize;
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let mut stderr = std::io::stderr();
+    loop {
+        tokio::select! {
+            out = &mut pull => {
+                if drawn > 0 {
+                    let _ = write!(stderr, "\x1b[{drawn}A\x1b[J");
+                }
+                return out;
+            }
+            _ = ticker.tick() => {
+                let Ok(s) = client.runtime().status(cri::StatusRequest { verbose: true }).await else { continue };
+                let Some(pulls) = s.into_inner().info.get("pulls").cloned() else { continue };
+                let Ok(pulls) = serde_json::from_str::<serde_json::Value>(&pulls) else { continue };
+                let mut lines = Vec::new();
+                for p in pulls.as_array().into_iter().flatten() {
+                    let name = p["image"].as_str().unwrap_or_default();
+                    if !name.contains(image.split(['@', ':']).next().unwrap_or(image)) {
+                        continue;
+                    }
+                    for l in p["layers"].as_array().into_iter().flatten() {
+                        let digest = l["digest"].as_str().unwrap_or_default();
+                        let short = digest.trim_start_matches("sha256:").chars().take(12).collect::<String>();
+                        let (r, t) = (l["received"].as_u64().unwrap_or(0), l["total"].as_u64().unwrap_or(0));
+                        let state = if r >= t && t > 0 { "done" } else { "downloading" };
+                        lines.push(format!("{short}: {state:<11} {:>10} / {:<10}", human_size(r), human_size(t)));
+                    }
+                }
+                if drawn > 0 {
+                    let _ = write!(stderr, "\x1b[{drawn}A\x1b[J");
+                }
+                for l in &lines {
+                    let _ = writeln!(stderr, "{l}");
+                }
+                drawn = lines.len();
+            }
+        }
+    }
+}

@@ -1,1 +1,127 @@
-fn main() {}
+//! berthd: the Berth daemon (CRI server).
+
+use std::path::PathBuf;
+
+use berth::config::{Config, DEFAULT_CONFIG_PATH};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "berthd",
+    version,
+    about = "Berth container runtime daemon (CRI v1 server)"
+)]
+struct Cli {
+    /// Configuration file (TOML); missing is fine unless given explicitly.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Persistent state directory.
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Volatile state directory.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// CRI socket path.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Log level (error, warn, info, debug, trace, or target=level,...).
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Registry reached over plain HTTP (repeatable).
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    insecure_registries: Vec<String>,
+    /// Directory of containerd-style `<host>/hosts.toml` registry files.
+    #[arg(long, value_name = "DIR")]
+    registry_config_dir: Option<PathBuf>,
+    /// Layers fetched at once per pull.
+    #[arg(long, value_name = "N")]
+    max_concurrent_downloads: Option<usize>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the full default configuration file.
+    Default,
+    /// Print the effective configuration (file plus flags).
+    Show,
+}
+
+fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
+    let mut cfg = match &cli.config {
+        Some(path) => Config::load(path, true)?,
+        None => Config::load(std::path::Path::new(DEFAULT_CONFIG_PATH), false)?,
+    };
+    if let Some(v) = &cli.root {
+        cfg.root = v.clone();
+    }
+    if let Some(v) = &cli.state_dir {
+        cfg.state_dir = v.clone();
+        if cli.socket.is_none() && cfg.socket == Config::default().socket {
+            cfg.socket = v.join("berth.sock");
+        }
+    }
+    if let Some(v) = &cli.socket {
+        cfg.socket = v.clone();
+    }
+    if let Some(v) = &cli.log_level {
+        cfg.log_level = v.clone();
+    }
+    for r in &cli.insecure_registries {
+        if !cfg.registry.insecure_registries.contains(r) {
+            cfg.registry.insecure_registries.push(r.clone());
+        }
+    }
+    if let Some(v) = &cli.registry_config_dir {
+        cfg.registry.config_dir = v.clone();
+    }
+    if let Some(v) = cli.max_concurrent_downloads {
+        cfg.registry.max_concurrent_downloads = v;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::Config { what }) = &cli.command {
+        match what {
+            ConfigCommand::Default => print!("{}", Config::default_toml()),
+            ConfigCommand::Show => match effective_config(&cli) {
+                Ok(cfg) => print!("{}", toml::to_string_pretty(&cfg).unwrap_or_default()),
+                Err(e) => {
+                    eprintln!("berthd: {e:#}");
+                    std::process::exit(1);
+                }
+            },
+        }
+        return;
+    }
+    if let Err(e) = run(&cli) {
+        eprintln!("berthd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    let cfg = effective_config(cli)?;
+    berth::logging::init(&cfg.log_level)?;
+    // reqwest is built without a TLS provider of its own: install ring's once, process-wide.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(16)
+        .enable_all()
+        .build()?;
+    runtime.block_on(berth::daemon::run(cfg))
+}

@@ -1,0 +1,190 @@
+//! Berth's configuration: a TOML file where every field has a default, overridden by flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Default location of the configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/berth/config.toml";
+
+/// The whole configuration of berthd.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Persistent state: metadata database, content store, snapshots.
+    pub root: PathBuf,
+    /// Volatile state (tmpfs): socket, shim sockets, pinned namespaces.
+    pub state_dir: PathBuf,
+    /// CRI gRPC socket path (unix).
+    pub socket: PathBuf,
+    /// Log level: error, warn, info, debug or trace (or a `target=level,...` list).
+    pub log_level: String,
+    /// Registry settings.
+    pub registry: RegistryConfig,
+}
+
+/// How images are pulled from registries.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Registries (host or host:port) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// Directory of containerd-style `<host>/hosts.toml` files (mirrors, TLS, plain HTTP).
+    pub config_dir: PathBuf,
+    /// Mirrors per registry host, tried in order before the registry itself
+    /// (e.g. `"docker.io" = ["http://127.0.0.1:5000"]`).
+    pub mirrors: std::collections::BTreeMap<String, Vec<String>>,
+    /// Extra CA certificate (PEM) trusted for every registry.
+    pub ca_file: Option<PathBuf>,
+    /// Layers fetched and unpacked at once per pull.
+    pub max_concurrent_downloads: usize,
+    /// Seconds allowed to connect to a registry.
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/var/lib/berth"),
+            state_dir: PathBuf::from("/run/berth"),
+            socket: PathBuf::from("/run/berth/berth.sock"),
+            log_level: "info".to_string(),
+            registry: RegistryConfig::default(),
+        }
+    }
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            insecure_registries: Vec::new(),
+            config_dir: PathBuf::from("/etc/berth/certs.d"),
+            mirrors: Default::default(),
+            ca_file: None,
+            max_concurrent_downloads: 4,
+            connect_timeout_secs: 10,
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for Berth's schema.
+    #[error("parsing config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of range.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads `path`; a missing file gives the defaults only when `required` is false.
+    pub fn load(path: &Path, required: bool) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(Self::default());
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        Self::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.registry.max_concurrent_downloads == 0 {
+            return Err(ConfigError::Invalid(
+                "registry.max_concurrent_downloads must be at least 1".into(),
+            ));
+        }
+        for (name, dir) in [("root", &self.root), ("state_dir", &self.state_dir)] {
+            if !dir.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be an absolute path, got {}",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The full default file, commented, as `berthd config default` prints it.
+    pub fn default_toml() -> String {
+        let body = toml::to_string_pretty(&Self::default()).unwrap_or_default();
+        format!(
+            "# Berth configuration ({DEFAULT_CONFIG_PATH}). Every field is optional; these are the defaults.\n\
+             # Command-line flags override values from this file.\n\n{body}"
+        )
+    }
+
+    /// Directory of the metadata database and content store.
+    pub fn content_dir(&self) -> PathBuf {
+        self.root.join("content")
+    }
+
+    /// Directory the snapshotter owns.
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root.join("snapshotter")
+    }
+
+    /// Path of the metadata database.
+    pub fn db_path(&self) -> PathBuf {
+        self.root.join("berth.redb")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_file_round_trips() {
+        let text = Config::default_toml();
+        let parsed = Config::parse(&text).expect("default config parses");
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let cfg = Config::parse("root = \"/tmp/x\"\n[registry]\nmax_concurrent_downloads = 2\n")
+            .expect("parses");
+        assert_eq!(cfg.root, PathBuf::from("/tmp/x"));
+        assert_eq!(cfg.registry.max_concurrent_downloads, 2);
+        assert_eq!(cfg.socket, Config::default().socket);
+    }
+
+    #[test]
+    fn unknown_field_is_an_error() {
+        assert!(Config::parse("rooot = \"/x\"").is_err());
+    }
+
+    #[test]
+    fn zero_concurrency_is_invalid() {
+        let mut cfg = Config::default();
+        cfg.registry.max_concurrent_downloads = 0;
+        assert!(cfg.validate().is_err());
+    }
+}

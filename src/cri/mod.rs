@@ -1,0 +1,19 @@
+//! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
+
+mod errors;
+mod image_service;
+mod runtime_info;
+mod runtime_service;
+pub(crate) mod server;
+mod v1alpha2;
+
+pub use image_service::ImageApi;
+pub use runtime_service::RuntimeApi;
+pub use server::serve;
+
+/// The CRI API version Berth implements natively.
+pub const CRI_API_VERSION: &str = "v1";
+/// The runtime name reported by Version.
+pub const RUNTIME_NAME: &str = "berth";
+/// Berth's version.
+pub const RUNTIME_VERSION: &str = env!("CARGO_PKG_VERSION");

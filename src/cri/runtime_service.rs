@@ -1,0 +1,127 @@
+//! CRI RuntimeService: Version, Status and RuntimeConfig now; pods and containers land with the runtime issue.
+
+use std::pin::Pin;
+
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_server::RuntimeService;
+use tonic::{Request, Response, Status};
+
+use super::runtime_info;
+use crate::image::ImageManager;
+
+/// The RuntimeService.
+#[derive(Clone)]
+pub struct RuntimeApi {
+    images: ImageManager,
+}
+
+impl RuntimeApi {
+    /// A runtime service; `images` feeds the verbose status (pulls in progress).
+    pub fn new(images: ImageManager) -> Self {
+        Self { images }
+    }
+}
+
+/// Writes the service impl: `async_trait` must see the generated methods, so the macro emits
+/// the whole impl block around the hand-written ones.
+macro_rules! runtime_impl {
+    ({ $($body:tt)* } $($method:ident($req:ident) -> $resp:ident, $name:literal;)*) => {
+        #[tonic::async_trait]
+        impl RuntimeService for RuntimeApi {
+            $($body)*
+            $(
+        async fn $method(
+            &self,
+            _request: Request<cri::$req>,
+        ) -> Result<Response<cri::$resp>, Status> {
+            Err(Status::unimplemented(concat!(
+                $name,
+                " is not implemented yet in Berth (pods and containers land with the runtime issue)"
+            )))
+        }
+            )*
+        }
+    };
+}
+
+runtime_impl! {
+{
+async fn version(
+    &self,
+    _request: Request<cri::VersionRequest>,
+) -> Result<Response<cri::VersionResponse>, Status> {
+    Ok(Response::new(runtime_info::version_v1()))
+}
+
+async fn status(
+    &self,
+    request: Request<cri::StatusRequest>,
+) -> Result<Response<cri::StatusResponse>, Status> {
+    let verbose = request.get_ref().verbose;
+    let mut resp = runtime_info::status(verbose);
+    if verbose {
+        let pulls: Vec<serde_json::Value> = self
+            .images
+            .pulls_in_progress()
+            .into_iter()
+            .map(|(image, layers)| serde_json::json!({ "image": image, "layers": layers }))
+            .collect();
+        resp.info
+            .insert("pulls".into(), serde_json::Value::Array(pulls).to_string());
+    }
+    Ok(Response::new(resp))
+}
+
+async fn runtime_config(
+    &self,
+    _request: Request<cri::RuntimeConfigRequest>,
+) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
+    Ok(Response::new(runtime_info::runtime_config()))
+}
+
+async fn update_runtime_config(
+    &self,
+    _request: Request<cri::UpdateRuntimeConfigRequest>,
+) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
+    // Nothing to apply yet (the pod CIDR matters once CNI networking exists).
+    Ok(Response::new(cri::UpdateRuntimeConfigResponse {}))
+}
+
+type GetContainerEventsStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
+
+async fn get_container_events(
+    &self,
+    _request: Request<cri::GetEventsRequest>,
+) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+    Err(Status::unimplemented(
+        "GetContainerEvents is not implemented yet in Berth",
+    ))
+}
+
+}
+    run_pod_sandbox(RunPodSandboxRequest) -> RunPodSandboxResponse, "RunPodSandbox";
+    stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse, "StopPodSandbox";
+    remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse, "RemovePodSandbox";
+    pod_sandbox_status(PodSandboxStatusRequest) -> PodSandboxStatusResponse, "PodSandboxStatus";
+    list_pod_sandbox(ListPodSandboxRequest) -> ListPodSandboxResponse, "ListPodSandbox";
+    create_container(CreateContainerRequest) -> CreateContainerResponse, "CreateContainer";
+    start_container(StartContainerRequest) -> StartContainerResponse, "StartContainer";
+    stop_container(StopContainerRequest) -> StopContainerResponse, "StopContainer";
+    remove_container(RemoveContainerRequest) -> RemoveContainerResponse, "RemoveContainer";
+    list_containers(ListContainersRequest) -> ListContainersResponse, "ListContainers";
+    container_status(ContainerStatusRequest) -> ContainerStatusResponse, "ContainerStatus";
+    update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse, "UpdateContainerResources";
+    reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse, "ReopenContainerLog";
+    exec_sync(ExecSyncRequest) -> ExecSyncResponse, "ExecSync";
+    exec(ExecRequest) -> ExecResponse, "Exec";
+    attach(AttachRequest) -> AttachResponse, "Attach";
+    port_forward(PortForwardRequest) -> PortForwardResponse, "PortForward";
+    container_stats(ContainerStatsRequest) -> ContainerStatsResponse, "ContainerStats";
+    list_container_stats(ListContainerStatsRequest) -> ListContainerStatsResponse, "ListContainerStats";
+    pod_sandbox_stats(PodSandboxStatsRequest) -> PodSandboxStatsResponse, "PodSandboxStats";
+    list_pod_sandbox_stats(ListPodSandboxStatsRequest) -> ListPodSandboxStatsResponse, "ListPodSandboxStats";
+    checkpoint_container(CheckpointContainerRequest) -> CheckpointContainerResponse, "CheckpointContainer";
+    list_metric_descriptors(ListMetricDescriptorsRequest) -> ListMetricDescriptorsResponse, "ListMetricDescriptors";
+    list_pod_sandbox_metrics(ListPodSandboxMetricsRequest) -> ListPodSandboxMetricsResponse, "ListPodSandboxMetrics";
+}

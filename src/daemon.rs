@@ -1,0 +1,45 @@
+//! berthd's main job: open the stores, serve CRI, shut down cleanly on SIGTERM/SIGINT.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::cri::{self, ImageApi, RuntimeApi};
+use crate::image::ImageManager;
+use crate::store::Store;
+
+/// Runs the daemon until a termination signal arrives.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let lock = cri::server::lock_root(&config.root)?;
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
+    let store = Store::open(&config.db_path())?;
+    let images = ImageManager::open(&config, store).context("opening image store")?;
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot watch SIGTERM");
+                    std::future::pending::<()>().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    };
+    cri::serve(
+        lock,
+        &config.socket,
+        RuntimeApi::new(images.clone()),
+        ImageApi::new(images),
+        shutdown,
+    )
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}

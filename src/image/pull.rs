@@ -1,0 +1,634 @@
+//! Pulling: resolve a reference to a platform manifest, then fetch, verify and unpack every missing
+//! layer at once (each into its own snapshot), commit them in chain order, and record the image.
+//!
+//! Layers are never buffered whole or written twice: the compressed bytes are hashed as they
+//! stream in and fed to a blocking task that decompresses, hashes the diff and unpacks. Compressed
+//! layer blobs are not kept (only manifests and configs go to the content store): the snapshot is
+//! the layer, verified against both its digest and its diff id.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::ImageError;
+use super::hosts::Endpoint;
+use super::manager::{Inner, PullProgress};
+use super::manifest::{self, Descriptor, Document};
+use super::reference::ImageRef;
+use super::registry::Credentials;
+use super::unpack::{self, Compression};
+use crate::store::ImageRecord;
+
+/// Prefix of the snapshot keys a pull unpacks into; such snapshots are leftovers after a crash.
+pub const EXTRACT_PREFIX: &str = "extract-";
+
+/// What resolving a reference produced.
+struct Resolved {
+    endpoint: Endpoint,
+    /// Digest of what the tag points to (index or manifest): the repo digest.
+    top_digest: String,
+    manifest_digest: String,
+    manifest_media_type: String,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+/// Classifies an oci-client error for `registry`.
+fn registry_error(image: &ImageRef, what: &str, e: OciDistributionError) -> ImageError {
+    let registry = image.registry.clone();
+    match &e {
+        OciDistributionError::AuthenticationFailure(m) => ImageError::AuthFailed {
+            registry,
+            reason: m.clone(),
+        },
+        OciDistributionError::UnauthorizedError { .. } => ImageError::AuthFailed {
+            registry,
+            reason: "the registry refused the credentials (401 Unauthorized)".into(),
+        },
+        OciDistributionError::ImageManifestNotFoundError(_) => {
+            ImageError::NotFound(format!("image {image} not found: {what}: {e}"))
+        }
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|x| &x.code).collect();
+            if codes.iter().any(|c| {
+                matches!(
+                    c,
+                    OciErrorCode::ManifestUnknown
+                        | OciErrorCode::NameUnknown
+                        | OciErrorCode::BlobUnknown
+                        | OciErrorCode::NotFound
+                )
+            }) {
+                ImageError::NotFound(format!("image {image} not found in {registry}: {e}"))
+            } else if codes
+                .iter()
+                .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
+            {
+                ImageError::AuthFailed {
+                    registry,
+                    reason: e.to_string(),
+                }
+            } else {
+                ImageError::Unavailable {
+                    registry,
+                    reason: format!("{what}: {e}"),
+                }
+            }
+        }
+        OciDistributionError::ServerError { code, .. } => match code {
+            401 | 403 => ImageError::AuthFailed {
+                registry,
+                reason: e.to_string(),
+            },
+            404 => ImageError::NotFound(format!("image {image} not found: {e}")),
+            _ => ImageError::Unavailable {
+                registry,
+                reason: format!("{what}: {e}"),
+            },
+        },
+        OciDistributionError::DigestError(_) => {
+            ImageError::Corrupt(format!("image {image}: {what}: {e}"))
+        }
+        _ => {
+            let text = error_chain(&e);
+            if text.contains("401") || text.to_lowercase().contains("unauthorized") {
+                ImageError::AuthFailed {
+                    registry,
+                    reason: text,
+                }
+            } else {
+                ImageError::Unavailable {
+                    registry,
+                    reason: format!("{what}: {text}"),
+                }
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl Inner {
+    /// Fetches a manifest document and checks its digest when one was asked for.
+    async fn fetch_document(
+        &self,
+        image: &ImageRef,
+        ep: &Endpoint,
+        reference: &oci_client::Reference,
+        creds: &Credentials,
+    ) -> Result<(Bytes, String), ImageError> {
+        let (client, _) = self
+            .clients
+            .client_for(ep, image)
+            .map_err(ImageError::InvalidArgument)?;
+        let (body, digest) = client
+            .pull_manifest_raw(reference, &creds.to_auth(), manifest::ACCEPTED)
+            .await
+            .map_err(|e| registry_error(image, "fetching manifest", e))?;
+        let actual = super::content::sha256_digest(&body);
+        if let Some(want) = reference.digest()
+            && want != actual
+        {
+            return Err(ImageError::Corrupt(format!(
+                "manifest {want} of {image} failed verification: content hashes to {actual}"
+            )));
+        }
+        let _ = digest;
+        Ok((body, actual))
+    }
+
+    /// Resolves `image` on the first endpoint that answers.
+    async fn resolve(&self, image: &ImageRef, creds: &Credentials) -> Result<Resolved, ImageError> {
+        let endpoints = super::hosts::endpoints_for(&image.registry, &self.registry_config)
+            .map_err(|e| ImageError::InvalidArgument(e.to_string()))?;
+        let mut last_err = None;
+        for ep in endpoints {
+            let can = if image.digest.is_some() {
+                ep.pull
+            } else {
+                ep.resolve
+            };
+            if !can {
+                continue;
+            }
+            match self.resolve_on(image, &ep, creds).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::debug!(image = %image, endpoint = %ep.host, error = %e, "endpoint failed");
+                    // Auth failures and hostile content are final; try mirrors for the rest.
+                    if matches!(e, ImageError::Unsupported(_) | ImageError::Corrupt(_)) {
+                        return Err(e);
+                    }
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| ImageError::Unavailable {
+            registry: image.registry.clone(),
+            reason: "no registry endpoint is configured for pulls".into(),
+        }))
+    }
+
+    async fn resolve_on(
+        &self,
+        image: &ImageRef,
+        ep: &Endpoint,
+        creds: &Credentials,
+    ) -> Result<Resolved, ImageError> {
+        let (_, reference) = self
+            .clients
+            .client_for(ep, image)
+            .map_err(ImageError::InvalidArgument)?;
+        let (body, top_digest) = self.fetch_document(image, ep, &reference, creds).await?;
+        let shown = image.to_string();
+        let mut doc = manifest::parse_document(&shown, &body)?;
+        self.content
+            .write(&top_digest, &body)
+            .map_err(|e| ImageError::internal("storing manifest", e))?;
+        let mut manifest_digest = top_digest.clone();
+        if let Document::Index(list) = &doc {
+            let (arch, variant) = manifest::host_platform();
+            let chosen = manifest::choose_platform(&shown, list, arch, variant)?.clone();
+            let mut by_digest = oci_client::Reference::with_digest(
+                image.registry.clone(),
+                image.repository.clone(),
+                chosen.digest.clone(),
+            );
+            if !ep.is_origin {
+                by_digest.set_mirror_registry(ep.host.clone());
+            }
+            let (body, digest) = self.fetch_document(image, ep, &by_digest, creds).await?;
+            if digest != chosen.digest {
+                return Err(ImageError::Corrupt(format!(
+                    "manifest {} of {image} failed verification: content hashes to {digest}",
+                    chosen.digest
+                )));
+            }
+            self.content
+                .write(&digest, &body)
+                .map_err(|e| ImageError::internal("storing manifest", e))?;
+            doc = manifest::parse_document(&shown, &body)?;
+            manifest_digest = digest;
+        }
+        match doc {
+            Document::Manifest {
+                config,
+                layers,
+                media_type,
+            } => Ok(Resolved {
+                endpoint: ep.clone(),
+                top_digest,
+                manifest_digest,
+                manifest_media_type: media_type,
+                config,
+                layers,
+            }),
+            Document::Index(_) => Err(ImageError::Unsupported(format!(
+                "image {image}: an index points to another index, which Berth does not follow"
+            ))),
+        }
+    }
+
+    /// Fetches a small blob (the config) into memory and the content store.
+    async fn fetch_small_blob(
+        &self,
+        image: &ImageRef,
+        resolved: &Resolved,
+        desc: &Descriptor,
+    ) -> Result<Vec<u8>, ImageError> {
+        if let Ok(bytes) = self.content.read(&desc.digest) {
+            return Ok(bytes);
+        }
+        let (client, reference) = self
+            .clients
+            .client_for(&resolved.endpoint, image)
+            .map_err(ImageError::InvalidArgument)?;
+        let mut buf = Vec::with_capacity(desc.size.max(0) as usize);
+        client
+            .pull_blob(&reference, &oci_descriptor(desc), &mut buf)
+            .await
+            .map_err(|e| registry_error(image, &format!("fetching blob {}", desc.digest), e))?;
+        if buf.len() as i64 != desc.size {
+            return Err(ImageError::Corrupt(format!(
+                "blob {} of {image} has {} bytes, the manifest says {}",
+                desc.digest,
+                buf.len(),
+                desc.size
+            )));
+        }
+        self.content
+            .write(&desc.digest, &buf)
+            .map_err(|e| match e {
+                super::content::ContentError::DigestMismatch { .. } => {
+                    ImageError::Corrupt(format!("image {image}: {e}"))
+                }
+                e => ImageError::internal("storing config", e),
+            })?;
+        Ok(buf)
+    }
+
+    /// The whole pull of one reference.
+    pub(super) async fn pull(
+        self: Arc<Self>,
+        image: ImageRef,
+        creds: Credentials,
+        progress: Arc<PullProgress>,
+    ) -> Result<ImageRecord, ImageError> {
+        let _gc_guard = self.gc_lock.read().await;
+        let resolved = self.resolve(&image, &creds).await?;
+        let config_bytes = self
+            .fetch_small_blob(&image, &resolved, &resolved.config)
+            .await?;
+        let shown = image.to_string();
+        let config = manifest::parse_config(&shown, &config_bytes)?;
+        let diff_ids = config.rootfs.map(|r| r.diff_ids).unwrap_or_default();
+        if diff_ids.len() != resolved.layers.len() {
+            return Err(ImageError::Corrupt(format!(
+                "image {image}: config lists {} layers (diff_ids) but the manifest has {}",
+                diff_ids.len(),
+                resolved.layers.len()
+            )));
+        }
+        let chain = manifest::chain_ids(&diff_ids);
+        progress.set_layers(&resolved.layers);
+
+        // Fetch and unpack every layer whose snapshot is missing, all at once (bounded).
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, desc) in resolved.layers.iter().enumerate() {
+            if self.snapshots.stat(&chain[i]).is_ok() {
+                progress.layer_done(i, desc.size.max(0) as u64);
+                continue;
+            }
+            let this = self.clone();
+            let image = image.clone();
+            let endpoint = resolved.endpoint.clone();
+            let desc = desc.clone();
+            let diff_id = diff_ids[i].clone();
+            let progress = progress.clone();
+            tasks.spawn(async move {
+                let _permit = this.downloads.acquire().await;
+                let key = format!(
+                    "{EXTRACT_PREFIX}{}-{}",
+                    crate::util::random_hex(4),
+                    &diff_id
+                );
+                let result = this
+                    .fetch_layer(&image, &endpoint, &desc, &diff_id, &key, i, &progress)
+                    .await;
+                (i, key, result)
+            });
+        }
+        let mut extracted: Vec<Option<String>> = vec![None; chain.len()];
+        let mut first_error = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((i, key, Ok(()))) => extracted[i] = Some(key),
+                Ok((_, key, Err(e))) => {
+                    self.discard_snapshot(&key);
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                        tasks.abort_all();
+                    }
+                }
+                Err(join_err) if join_err.is_cancelled() => {}
+                Err(join_err) => {
+                    first_error.get_or_insert(ImageError::internal("layer task", join_err));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            for key in extracted.iter().flatten() {
+                self.discard_snapshot(key);
+            }
+            // Aborted tasks may have prepared snapshots; sweep every extraction of this pull.
+            self.sweep_extractions(&diff_ids);
+            return Err(e);
+        }
+
+        // Commit in chain order, each onto its parent.
+        for (i, key) in extracted.iter().enumerate() {
+            let Some(key) = key else { continue };
+            let parent = if i == 0 {
+                None
+            } else {
+                Some(chain[i - 1].as_str())
+            };
+            match self
+                .snapshots
+                .commit_with_parent(&chain[i], key, parent, Default::default())
+            {
+                Ok(()) => {}
+                Err(berth_snapshotter::Error::AlreadyExists(_)) => self.discard_snapshot(key),
+                Err(e) => {
+                    for k in extracted.iter().skip(i).flatten() {
+                        self.discard_snapshot(k);
+                    }
+                    return Err(ImageError::internal(
+                        format!("committing layer {}", chain[i]),
+                        e,
+                    ));
+                }
+            }
+        }
+
+        let (uid, username) = config
+            .config
+            .and_then(|c| c.user)
+            .map(|u| manifest::image_user(&u))
+            .unwrap_or((None, String::new()));
+        let size = resolved.config.size.max(0) as u64
+            + resolved
+                .layers
+                .iter()
+                .map(|l| l.size.max(0) as u64)
+                .sum::<u64>();
+        let now = crate::util::unix_now();
+        let record = ImageRecord {
+            id: resolved.config.digest.clone(),
+            repo_tags: Vec::new(),
+            repo_digests: Vec::new(),
+            size,
+            manifest_digest: resolved.manifest_digest.clone(),
+            manifest_media_type: resolved.manifest_media_type.clone(),
+            chain_ids: chain,
+            diff_ids,
+            created_unix: now,
+            last_used_unix: now,
+            pinned: false,
+            uid,
+            username,
+        };
+        let tags: Vec<String> = image.tagged().into_iter().collect();
+        let digests = vec![image.with_digest(&resolved.top_digest)];
+        self.store
+            .put_image(record, &tags, &digests)
+            .map_err(|e| ImageError::internal("recording image", e))
+    }
+
+    /// Streams one layer: hash the compressed bytes, decompress, hash the diff, unpack.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_layer(
+        &self,
+        image: &ImageRef,
+        endpoint: &Endpoint,
+        desc: &Descriptor,
+        diff_id: &str,
+        key: &str,
+        index: usize,
+        progress: &PullProgress,
+    ) -> Result<(), ImageError> {
+        let compression = Compression::from_media_type(&desc.media_type).ok_or_else(|| {
+            ImageError::Unsupported(format!(
+                "image {image}: layer {} has unsupported media type {:?}",
+                desc.digest, desc.media_type
+            ))
+        })?;
+        let (client, reference) = self
+            .clients
+            .client_for(endpoint, image)
+            .map_err(ImageError::InvalidArgument)?;
+        self.snapshots
+            .prepare(key, None, Default::default())
+            .map_err(|e| ImageError::internal("preparing layer snapshot", e))?;
+        let dest = self
+            .snapshots
+            .upper_dir(key)
+            .map_err(|e| ImageError::internal("layer snapshot", e))?;
+        let mut stream = client
+            .pull_blob_stream(&reference, &oci_descriptor(desc))
+            .await
+            .map_err(|e| registry_error(image, &format!("fetching layer {}", desc.digest), e))?;
+
+        let (tx, rx) = mpsc::channel::<Bytes>(32);
+        let image_name = image.to_string();
+        let unpacker = tokio::task::spawn_blocking(move || {
+            unpack_stream(ChannelReader::new(rx), compression, &dest, &image_name)
+        });
+
+        let mut hasher = Sha256::new();
+        let mut received: u64 = 0;
+        let expected = desc.size.max(0) as u64;
+        let mut stream_error = None;
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    stream_error = Some(ImageError::Unavailable {
+                        registry: image.registry.clone(),
+                        reason: format!("downloading layer {}: {}", desc.digest, error_chain(&e)),
+                    });
+                    break;
+                }
+            };
+            received += chunk.len() as u64;
+            if received > expected {
+                stream_error = Some(ImageError::Corrupt(format!(
+                    "layer {} of {image} is larger than the {expected} bytes its manifest declares",
+                    desc.digest
+                )));
+                break;
+            }
+            hasher.update(&chunk);
+            progress.layer_bytes(index, chunk.len() as u64);
+            if tx.send(chunk).await.is_err() {
+                break; // the unpacker stopped: its error is reported below
+            }
+        }
+        drop(tx);
+        let unpacked = unpacker
+            .await
+            .map_err(|e| ImageError::internal("unpack task", e))?;
+        if let Some(e) = stream_error {
+            return Err(e);
+        }
+        if received != expected {
+            return Err(ImageError::Corrupt(format!(
+                "layer {} of {image} is truncated: received {received} of {expected} bytes",
+                desc.digest
+            )));
+        }
+        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+        if actual != desc.digest {
+            return Err(ImageError::Corrupt(format!(
+                "layer {} of {image} failed verification: content hashes to {actual}",
+                desc.digest
+            )));
+        }
+        let diff = unpacked?;
+        if diff != diff_id {
+            return Err(ImageError::Corrupt(format!(
+                "layer {} of {image}: uncompressed content hashes to {diff}, the config's diff id is {diff_id}",
+                desc.digest
+            )));
+        }
+        progress.layer_done(index, expected);
+        Ok(())
+    }
+
+    /// Removes a snapshot a failed pull prepared, logging (not failing) on error.
+    fn discard_snapshot(&self, key: &str) {
+        if let Err(e) = self.snapshots.remove(key)
+            && !matches!(e, berth_snapshotter::Error::NotFound(_))
+        {
+            tracing::warn!(snapshot = key, error = %e, "removing extraction snapshot");
+        }
+    }
+
+    /// Removes every extraction snapshot for these diff ids.
+    fn sweep_extractions(&self, diff_ids: &[String]) {
+        let Ok(list) = self.snapshots.list() else {
+            return;
+        };
+        for info in list {
+            if info.name.starts_with(EXTRACT_PREFIX)
+                && diff_ids.iter().any(|d| info.name.ends_with(d.as_str()))
+            {
+                self.discard_snapshot(&info.name);
+            }
+        }
+    }
+}
+
+fn oci_descriptor(d: &Descriptor) -> oci_client::manifest::OciDescriptor {
+    oci_client::manifest::OciDescriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.clone(),
+        size: d.size,
+        ..Default::default()
+    }
+}
+
+/// Decompresses and unpacks, returning the diff id (sha256 of the uncompressed tar).
+fn unpack_stream(
+    reader: ChannelReader,
+    compression: Compression,
+    dest: &std::path::Path,
+    image: &str,
+) -> Result<String, ImageError> {
+    const BUF: usize = 256 * 1024;
+    let buffered = std::io::BufReader::with_capacity(BUF, reader);
+    let decoder: Box<dyn Read> = match compression {
+        Compression::None => Box::new(buffered),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
+        Compression::Zstd => Box::new(
+            zstd::stream::read::Decoder::with_buffer(buffered)
+                .map_err(|e| ImageError::Corrupt(format!("image {image}: zstd layer: {e}")))?,
+        ),
+    };
+    let mut hashing = HashingReader {
+        inner: std::io::BufReader::with_capacity(BUF, decoder),
+        hasher: Sha256::new(),
+    };
+    unpack::unpack_layer(&mut hashing, Compression::None, dest).map_err(|e| match e {
+        unpack::UnpackError::Escape { .. } => ImageError::Hostile {
+            image: image.to_string(),
+            reason: e.to_string(),
+        },
+        e => ImageError::Corrupt(format!("image {image}: unpacking layer: {e}")),
+    })?;
+    // The tar end marker may leave padding unread: it is part of the diff.
+    std::io::copy(&mut hashing, &mut std::io::sink())
+        .map_err(|e| ImageError::Corrupt(format!("image {image}: reading layer: {e}")))?;
+    Ok(format!("sha256:{}", hex::encode(hashing.hasher.finalize())))
+}
+
+/// Hashes what passes through.
+struct HashingReader<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// A blocking reader over chunks sent from the async download.
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl ChannelReader {
+    fn new(rx: mpsc::Receiver<Bytes>) -> Self {
+        Self {
+            rx,
+            current: Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}

@@ -1,0 +1,78 @@
+//! The metadata store: redb tables for Berth's objects, each change one transaction.
+//!
+//! Tables (schema):
+//! - `images`: image id (`sha256:<config digest>`) → JSON [`ImageRecord`]
+//! - `image_names`: reference (`registry/repo:tag` or `registry/repo@sha256:…`) → image id
+//!
+//! Invariant: every name in `image_names` points to an image in `images`, and that image lists
+//! the name in its `repo_tags` or `repo_digests`; both are changed in the same transaction.
+
+mod images;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use images::ImageRecord;
+
+/// Errors of the metadata store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened (another berthd holds it, or it is damaged).
+    #[error("opening metadata database {path}: {source}")]
+    Open {
+        path: String,
+        source: redb::DatabaseError,
+    },
+    /// A read or write failed.
+    #[error("metadata database: {0}")]
+    Db(String),
+    /// A stored record does not decode.
+    #[error("metadata record {key} is corrupt: {source}")]
+    Corrupt {
+        key: String,
+        source: serde_json::Error,
+    },
+}
+
+macro_rules! db_err_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Db(e.to_string())
+            }
+        }
+    )*};
+}
+db_err_from!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// Handle on the metadata database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<redb::Database>,
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path` and makes sure every table exists.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = redb::Database::create(path).map_err(|source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let store = Self { db: Arc::new(db) };
+        store.create_tables()?;
+        Ok(store)
+    }
+
+    fn create_tables(&self) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(images::IMAGES)?;
+        txn.open_table(images::IMAGE_NAMES)?;
+        txn.commit()?;
+        Ok(())
+    }
+}

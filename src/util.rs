@@ -1,0 +1,63 @@
+//! Small helpers shared across modules: random ids, disk usage, time.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// `n` random bytes as lowercase hex.
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    // getrandom only fails when the kernel has no entropy source at all; fall back to time+pid.
+    if getrandom::fill(&mut buf).is_err() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+            ^ u128::from(std::process::id());
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (seed >> ((i % 16) * 8)) as u8;
+        }
+    }
+    hex::encode(buf)
+}
+
+/// Bytes on disk (st_blocks × 512) and inodes under `dir`, each inode counted once.
+pub fn disk_usage(dir: &Path) -> (u64, u64) {
+    let mut seen = HashSet::new();
+    let mut bytes = 0u64;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&d) else {
+            continue;
+        };
+        if seen.insert((meta.dev(), meta.ino())) {
+            bytes += meta.blocks() * 512;
+        }
+        if !meta.is_dir() {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            stack.push(e.path());
+        }
+    }
+    (bytes, seen.len() as u64)
+}
+
+/// Now as Unix seconds.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Now as Unix nanoseconds.
+pub fn unix_nanos_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or_default()
+}

@@ -1,0 +1,272 @@
+//! Test harness: a real berthd in its own temp root, state dir and socket, and the local registries.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth::client::CriClient;
+use k8s_cri::v1 as cri;
+
+/// The plain-HTTP test registry (`make test` starts it and pushes the test images).
+pub fn registry() -> String {
+    std::env::var("BERTH_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5050".into())
+}
+
+/// The htpasswd-protected test registry.
+pub fn auth_registry() -> String {
+    std::env::var("BERTH_TEST_AUTH_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5051".into())
+}
+
+/// Credentials of the protected registry.
+pub fn auth_creds() -> (String, String) {
+    let c = std::env::var("BERTH_TEST_AUTH_CREDS").unwrap_or_else(|_| "berth:berth-secret".into());
+    let (u, p) = c.split_once(':').unwrap_or(("berth", "berth-secret"));
+    (u.to_string(), p.to_string())
+}
+
+/// Storage directory of the plain registry (for tests that copy it).
+pub fn registry_storage() -> PathBuf {
+    PathBuf::from(std::env::var("BERTH_TEST_REGISTRY_DIR").unwrap_or_else(|_| "/tmp/berth-reg-plain".into()))
+}
+
+/// Repository root (for hack/ scripts).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `registry/name` on the plain test registry.
+pub fn image(name: &str) -> String {
+    format!("{}/{name}", registry())
+}
+
+/// A unique temp directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let mut buf = [0u8; 4];
+        getrandom::fill(&mut buf).expect("random");
+        let p = std::env::temp_dir().join(format!("berth-it-{tag}-{}", hex::encode(buf)));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        unmount_below(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Unmounts every mount point under `dir` (deepest first).
+pub fn unmount_below(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let prefix = dir.to_string_lossy().to_string();
+    let mut points: Vec<String> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = Command::new("umount").arg("-l").arg(&p).status();
+    }
+}
+
+/// A running berthd.
+pub struct Daemon {
+    pub dir: TempDir,
+    pub child: Option<Child>,
+    pub extra_args: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts berthd with the test registries configured as plain HTTP.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = TempDir::new("daemon");
+        let mut d = Self {
+            dir,
+            child: None,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("state/berth.sock")
+    }
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("berthd.log")
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The berthd command line for this daemon's dirs.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berthd"));
+        c.arg("--root")
+            .arg(self.root())
+            .arg("--state-dir")
+            .arg(self.state())
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--log-level")
+            .arg("debug")
+            .arg("--registry-config-dir")
+            .arg(self.dir.path().join("certs.d"))
+            .arg("--insecure-registry")
+            .arg(registry())
+            .arg("--insecure-registry")
+            .arg(auth_registry());
+        c.args(&self.extra_args);
+        c
+    }
+
+    /// Starts (again) and waits for the socket to answer.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let err = log.try_clone().expect("log clone");
+        let child = self
+            .command()
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn berthd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("berthd exited at start ({status}):\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("berthd did not open its socket in 20 s:\n{}", self.log());
+    }
+
+    /// Sends SIGTERM and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn client(&self) -> CriClient {
+        CriClient::connect(&self.socket()).await.expect("connect to berthd")
+    }
+
+    /// Directories of snapshots on disk.
+    pub fn snapshot_dirs(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.root().join("snapshotter/snapshots"))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn spec(image: &str) -> Option<cri::ImageSpec> {
+    Some(cri::ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    })
+}
+
+pub async fn pull(c: &CriClient, image: &str) -> Result<String, tonic::Status> {
+    c.images()
+        .pull_image(cri::PullImageRequest {
+            image: spec(image),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await
+        .map(|r| r.into_inner().image_ref)
+}
+
+pub async fn status(c: &CriClient, image: &str) -> Option<cri::Image> {
+    c.images()
+        .image_status(cri::ImageStatusRequest {
+            image: spec(image),
+            verbose: false,
+        })
+        .await
+        .expect("image status")
+        .into_inner()
+        .image
+}
+
+pub async fn list(c: &CriClient) -> Vec<cri::Image> {
+    c.images()
+        .list_images(cri::ListImagesRequest { filter: None })
+        .await
+        .expect("list images")
+        .into_inner()
+        .images
+}
+
+/// Runs a hack/ script, panicking with its output on failure.
+pub fn hack(script: &str, args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack").join(script))
+        .args(args)
+        .output()
+        .expect("run hack script");
+    assert!(
+        out.status.success(),
+        "hack/{script} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
