@@ -589,8 +589,20 @@ fn awkward_root_paths_use_relative_paths() {
         return;
     }
     let target = tmp.subdir("target");
-    let _m = mount_at(&m, &target);
-    assert_eq!(read(&target.join("f")), "1");
+    {
+        let _m = mount_at(&m, &target);
+        assert_eq!(read(&target.join("f")), "1");
+    }
+
+    // Failures, through /bin/mount and through mount(2), name the target.
+    let missing = tmp.path().join("missing");
+    let err = m[0].mount(&missing).expect_err("no such target");
+    assert!(err.to_string().contains("missing"), "{err}");
+    let bind = s.mounts("c1").expect("mounts c1");
+    assert!(bind[0].cwd.is_none());
+    let err = bind[0].mount(&missing).expect_err("no such target");
+    assert!(err.to_string().contains("missing"), "{err}");
+    assert!(unmount(&missing).is_err());
 }
 
 #[test]
@@ -636,11 +648,7 @@ fn open_removes_crash_leftovers_and_keeps_metadata() {
     // A stale directory at the next id (never recorded) does not break creation.
     let next = s.stat("b").expect("b").id + 1;
     write(&snaps, &format!("{next}/fs/stale"), "x");
-    write(
-        &snaps,
-        &format!("{NEW}{next}", NEW = "new-"),
-        "a file, not a directory",
-    );
+    write(&snaps, &format!("new-{next}"), "a file, not a directory");
     s.prepare("c", None, none()).expect("c");
     let c_upper = s.upper_dir("c").expect("upper c");
     assert_eq!(c_upper, snaps.join(format!("{next}/fs")));
