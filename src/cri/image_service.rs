@@ -140,6 +140,7 @@ impl ImageService for ImageApi {
                 "chainIDs": r.chain_ids,
                 "diffIDs": r.diff_ids,
                 "snapshotter": "overlayfs",
+                "rootfsMounts": self.images.rootfs_mounts(r),
                 "imageSpec": self.images.config_json(r),
             });
             info.insert("info".to_string(), verbose.to_string());

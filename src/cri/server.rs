@@ -16,6 +16,9 @@ use super::{ImageApi, RuntimeApi};
 /// Largest CRI message accepted or sent (containerd uses 16 MiB too).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
+/// How long requests in flight may run after SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Holds the root lock for as long as the daemon runs.
 pub struct ServerHandle {
     _lock: std::fs::File,
@@ -85,7 +88,22 @@ pub async fn serve(
         socket: socket.to_owned(),
     };
     tracing::info!(socket = %socket.display(), "serving CRI v1 and v1alpha2");
-    let result = tonic::transport::Server::builder()
+    // Clients such as the kubelet keep connections open forever: after the signal, requests in
+    // flight get a short grace period, then the server stops regardless.
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(());
+    };
+    let grace = async move {
+        if stopping_rx.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            tracing::info!("grace period over: closing remaining connections");
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let server = tonic::transport::Server::builder()
         .add_service(
             RuntimeServiceServer::new(runtime.clone())
                 .max_decoding_message_size(MAX_MESSAGE)
@@ -106,9 +124,11 @@ pub async fn serve(
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await
-        .context("CRI server");
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown);
+    let result = tokio::select! {
+        r = server => r.context("CRI server"),
+        () = grace => Ok(()),
+    };
     drop(handle);
     result
 }

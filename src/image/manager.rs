@@ -301,6 +301,29 @@ impl ImageManager {
             .map(|record| ImageView { record }))
     }
 
+    /// Read-only mounts showing the image's root filesystem, for verbose status and debugging.
+    pub fn rootfs_mounts(&self, image: &ImageRecord) -> serde_json::Value {
+        let Some(top) = image.chain_ids.last() else {
+            return serde_json::Value::Null;
+        };
+        match self.inner.snapshots.mounts(top) {
+            Ok(mounts) => serde_json::Value::Array(
+                mounts
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "type": m.fstype,
+                            "source": m.source,
+                            "options": m.options,
+                            "cwd": m.cwd,
+                        })
+                    })
+                    .collect(),
+            ),
+            Err(e) => serde_json::Value::String(e.to_string()),
+        }
+    }
+
     /// The image config JSON, for verbose status.
     pub fn config_json(&self, image: &ImageRecord) -> Option<serde_json::Value> {
         let bytes = self.inner.content.read(&image.id).ok()?;

@@ -30,6 +30,7 @@ pub const EXTRACT_PREFIX: &str = "extract-";
 /// What resolving a reference produced.
 struct Resolved {
     endpoint: Endpoint,
+    creds: Credentials,
     /// Digest of what the tag points to (index or manifest): the repo digest.
     top_digest: String,
     manifest_digest: String,
@@ -136,7 +137,7 @@ impl Inner {
     ) -> Result<(Bytes, String), ImageError> {
         let (client, _) = self
             .clients
-            .client_for(ep, image)
+            .client_for(ep, creds, image)
             .map_err(ImageError::InvalidArgument)?;
         let (body, digest) = client
             .pull_manifest_raw(reference, &creds.to_auth(), manifest::ACCEPTED)
@@ -194,7 +195,7 @@ impl Inner {
     ) -> Result<Resolved, ImageError> {
         let (_, reference) = self
             .clients
-            .client_for(ep, image)
+            .client_for(ep, creds, image)
             .map_err(ImageError::InvalidArgument)?;
         let (body, top_digest) = self.fetch_document(image, ep, &reference, creds).await?;
         let shown = image.to_string();
@@ -234,6 +235,7 @@ impl Inner {
                 media_type,
             } => Ok(Resolved {
                 endpoint: ep.clone(),
+                creds: creds.clone(),
                 top_digest,
                 manifest_digest,
                 manifest_media_type: media_type,
@@ -258,7 +260,7 @@ impl Inner {
         }
         let (client, reference) = self
             .clients
-            .client_for(&resolved.endpoint, image)
+            .client_for(&resolved.endpoint, &resolved.creds, image)
             .map_err(ImageError::InvalidArgument)?;
         let mut buf = Vec::with_capacity(desc.size.max(0) as usize);
         client
@@ -319,6 +321,7 @@ impl Inner {
             let this = self.clone();
             let image = image.clone();
             let endpoint = resolved.endpoint.clone();
+            let creds = resolved.creds.clone();
             let desc = desc.clone();
             let diff_id = diff_ids[i].clone();
             let progress = progress.clone();
@@ -330,7 +333,9 @@ impl Inner {
                     &diff_id
                 );
                 let result = this
-                    .fetch_layer(&image, &endpoint, &desc, &diff_id, &key, i, &progress)
+                    .fetch_layer(
+                        &image, &endpoint, &creds, &desc, &diff_id, &key, i, &progress,
+                    )
                     .await;
                 (i, key, result)
             });
@@ -428,6 +433,7 @@ impl Inner {
         &self,
         image: &ImageRef,
         endpoint: &Endpoint,
+        creds: &Credentials,
         desc: &Descriptor,
         diff_id: &str,
         key: &str,
@@ -442,7 +448,7 @@ impl Inner {
         })?;
         let (client, reference) = self
             .clients
-            .client_for(endpoint, image)
+            .client_for(endpoint, creds, image)
             .map_err(ImageError::InvalidArgument)?;
         self.snapshots
             .prepare(key, None, Default::default())
@@ -470,9 +476,21 @@ impl Inner {
             let chunk = match chunk {
                 Ok(c) => c,
                 Err(e) => {
-                    stream_error = Some(ImageError::Unavailable {
-                        registry: image.registry.clone(),
-                        reason: format!("downloading layer {}: {}", desc.digest, error_chain(&e)),
+                    let text = error_chain(&e);
+                    // oci-client checks the digest at the end of the stream too.
+                    let digest_failed = e
+                        .get_ref()
+                        .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
+                    stream_error = Some(if digest_failed || text.contains("Invalid digest") {
+                        ImageError::Corrupt(format!(
+                            "layer {} of {image} failed verification: {text}",
+                            desc.digest
+                        ))
+                    } else {
+                        ImageError::Unavailable {
+                            registry: image.registry.clone(),
+                            reason: format!("downloading layer {}: {text}", desc.digest),
+                        }
                     });
                     break;
                 }

@@ -42,6 +42,7 @@ impl ImageRef {
         if let Some(d) = parsed.digest() {
             validate_digest(d).map_err(invalid)?;
         }
+        validate_repository(parsed.repository()).map_err(invalid)?;
         let mut r = Self {
             registry: parsed.registry().to_string(),
             repository: parsed.repository().to_string(),
@@ -105,6 +106,31 @@ impl fmt::Display for ImageRef {
         }
         Ok(())
     }
+}
+
+/// Checks a repository path: `/`-separated components of lowercase letters and digits, joined
+/// inside a component by `.`, `_`, `__` or runs of `-` (the distribution spec's grammar).
+fn validate_repository(repo: &str) -> Result<(), String> {
+    for component in repo.split('/') {
+        let bytes = component.as_bytes();
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let ok = !bytes.is_empty()
+            && alnum(bytes[0])
+            && alnum(bytes[bytes.len() - 1])
+            && bytes
+                .iter()
+                .all(|&b| alnum(b) || matches!(b, b'.' | b'_' | b'-'))
+            && !component.contains("..")
+            && !component.contains("___")
+            && !component.contains("._")
+            && !component.contains("_.");
+        if !ok {
+            return Err(format!(
+                "repository {repo:?} must be lowercase letters and digits separated by '.', '_', '__' or '-'"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks `sha256:<64 lowercase hex>` (the only algorithm Berth stores).

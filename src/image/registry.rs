@@ -37,7 +37,7 @@ impl Credentials {
 /// Caches clients so connections and tokens are reused.
 pub struct Clients {
     connect_timeout: Duration,
-    cache: Mutex<HashMap<Endpoint, Client>>,
+    cache: Mutex<HashMap<(Endpoint, Credentials), Client>>,
 }
 
 impl Clients {
@@ -49,10 +49,14 @@ impl Clients {
         }
     }
 
-    /// The client for `ep`, and the reference to use with it for `image`.
+    /// The client for `ep` and `creds`, and the reference to use with it for `image`.
+    ///
+    /// Clients remember the auth they negotiated with a registry, so each set of credentials
+    /// gets its own: a failed anonymous pull must not poison a later one with a password.
     pub fn client_for(
         &self,
         ep: &Endpoint,
+        creds: &Credentials,
         image: &ImageRef,
     ) -> Result<(Client, Reference), String> {
         let mut reference = image.fetch_reference();
@@ -60,7 +64,8 @@ impl Clients {
             reference.set_mirror_registry(ep.host.clone());
         }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(ep) {
+        let key = (ep.clone(), creds.clone());
+        if let Some(c) = cache.get(&key) {
             return Ok((c.clone(), reference));
         }
         let mut extra_root_certificates = Vec::new();
@@ -88,7 +93,7 @@ impl Clients {
             ..Default::default()
         };
         let client = Client::new(config);
-        cache.insert(ep.clone(), client.clone());
+        cache.insert(key, client.clone());
         Ok((client, reference))
     }
 }

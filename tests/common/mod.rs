@@ -28,7 +28,9 @@ pub fn auth_creds() -> (String, String) {
 
 /// Storage directory of the plain registry (for tests that copy it).
 pub fn registry_storage() -> PathBuf {
-    PathBuf::from(std::env::var("BERTH_TEST_REGISTRY_DIR").unwrap_or_else(|_| "/tmp/berth-reg-plain".into()))
+    PathBuf::from(
+        std::env::var("BERTH_TEST_REGISTRY_DIR").unwrap_or_else(|_| "/tmp/berth-reg-plain".into()),
+    )
 }
 
 /// Repository root (for hack/ scripts).
@@ -66,7 +68,9 @@ impl Drop for TempDir {
 
 /// Unmounts every mount point under `dir` (deepest first).
 pub fn unmount_below(dir: &Path) {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
     let prefix = dir.to_string_lossy().to_string();
     let mut points: Vec<String> = mounts
         .lines()
@@ -175,7 +179,10 @@ impl Daemon {
     /// Sends SIGTERM and waits.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(15);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -197,13 +204,19 @@ impl Daemon {
     }
 
     pub async fn client(&self) -> CriClient {
-        CriClient::connect(&self.socket()).await.expect("connect to berthd")
+        CriClient::connect(&self.socket())
+            .await
+            .expect("connect to berthd")
     }
 
     /// Directories of snapshots on disk.
     pub fn snapshot_dirs(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.root().join("snapshotter/snapshots"))
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v
