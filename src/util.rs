@@ -61,3 +61,23 @@ pub fn unix_nanos_now() -> i64 {
         .map(|d| d.as_nanos() as i64)
         .unwrap_or_default()
 }
+
+/// Caps glibc's malloc arenas: without a cap every thread that allocates gets its own arena,
+/// and a pull's short-lived buffers on many threads leave tens of MiB of RSS behind.
+pub fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator tunables; it is called once at start-up, before
+    // any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Hands freed heap memory back to the kernel (after a pull's buffers are gone).
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim walks glibc's own arenas under their locks; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -202,6 +202,7 @@ impl ImageManager {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .remove(&key2);
+                        crate::util::release_free_memory();
                         result
                     }
                     .boxed()
