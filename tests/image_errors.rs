@@ -443,3 +443,42 @@ async fn disk_full_mid_pull_fails_cleanly() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test]
+async fn an_expired_deadline_is_deadline_exceeded() {
+    // tonic's own client enforces `grpc-timeout` itself (answering Cancelled), so this test
+    // talks HTTP/2 through hyper directly: whatever comes back is the server's answer.
+    let d = Daemon::start();
+    let stream = tokio::net::UnixStream::connect(d.socket())
+        .await
+        .expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("http2 handshake");
+    tokio::spawn(conn);
+    let svc = tower::service_fn(move |mut req: http::Request<tonic::body::Body>| {
+        let mut sender = sender.clone();
+        async move {
+            // tonic sends an origin-form URI; HTTP/2 needs an authority.
+            let uri = format!("http://berth{}", req.uri().path());
+            *req.uri_mut() = uri.parse().expect("uri");
+            sender.send_request(req).await
+        }
+    });
+    let mut client = k8s_cri::v1::image_service_client::ImageServiceClient::new(svc);
+    for _ in 0..20 {
+        let mut req = tonic::Request::new(cri::PullImageRequest {
+            image: spec(&image("large")),
+            auth: None,
+            sandbox_config: None,
+        });
+        req.metadata_mut()
+            .insert("grpc-timeout", "1m".parse().expect("header"));
+        let e = client.pull_image(req).await.expect_err("1 ms is too short");
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+        assert!(e.message().contains("deadline"), "{}", e.message());
+    }
+}

@@ -290,3 +290,33 @@ async fn second_daemon_on_the_same_root_is_refused_and_stale_socket_replaced() {
     );
     assert_eq!(mode & 0o777, 0o660);
 }
+
+#[tokio::test]
+async fn hosts_toml_mirrors_are_used_in_order_with_fallback() {
+    // Written before start: registry.example.test is served by the local registry, behind a
+    // dead mirror that must be skipped.
+    let dir = TempDir::new("hosts");
+    let certs = dir.path().join("registry.example.test");
+    std::fs::create_dir_all(&certs).expect("mkdir");
+    std::fs::write(
+        certs.join("hosts.toml"),
+        format!(
+            "server = \"http://{reg}\"\n[host.\"http://127.0.0.1:1\"]\n  capabilities = [\"pull\", \"resolve\"]\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            reg = registry()
+        ),
+    )
+    .expect("hosts.toml");
+    let d = Daemon::start_with(&["--registry-config-dir", &dir.path().to_string_lossy()]);
+    let c = d.client().await;
+    let id = pull(&c, "registry.example.test/busybox")
+        .await
+        .expect("pull through mirror");
+    let img = status(&c, "registry.example.test/busybox:latest")
+        .await
+        .expect("by its own name");
+    assert_eq!(img.id, id);
+    assert_eq!(
+        img.repo_tags,
+        vec!["registry.example.test/busybox:latest".to_string()]
+    );
+}

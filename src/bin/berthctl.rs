@@ -371,7 +371,7 @@ where
                 let Some(pulls) = s.into_inner().info.get("pulls").cloned() else { continue };
                 let Ok(pulls) = serde_json::from_str::<serde_json::Value>(&pulls) else { continue };
                 let mut lines = Vec::new();
-                for p in pulls.as_array().into_iter().flatten() {
+                for p in pulls["inProgress"].as_array().into_iter().flatten() {
                     let name = p["image"].as_str().unwrap_or_default();
                     if !name.contains(image.split(['@', ':']).next().unwrap_or(image)) {
                         continue;

@@ -1,14 +1,24 @@
-//! The unix socket server: one berthd per root (a lock file), stale sockets replaced, mode 0660.
+//! The unix socket server: one berthd per root (a lock file), stale sockets replaced, mode 0660,
+//! gRPC deadlines answered with DeadlineExceeded, and a short grace period on shutdown.
+//!
+//! tonic's own `transport::Server` answers an expired `grpc-timeout` with `Cancelled`, which
+//! the CRI (and critest) read as the wrong error; so Berth serves tonic's routes over hyper
+//! itself and enforces the deadline in [`with_deadline`].
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use k8s_cri::v1alpha2 as a2;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::Routes;
+use tower::{Service, ServiceExt};
 
 use super::v1alpha2::{ImageV1Alpha2, RuntimeV1Alpha2};
 use super::{ImageApi, RuntimeApi};
@@ -17,19 +27,7 @@ use super::{ImageApi, RuntimeApi};
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// How long requests in flight may run after SIGTERM.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Holds the root lock for as long as the daemon runs.
-pub struct ServerHandle {
-    _lock: std::fs::File,
-    socket: PathBuf,
-}
-
-impl Drop for ServerHandle {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Takes the root's lock, refusing to run beside another berthd on the same root.
 pub fn lock_root(root: &Path) -> anyhow::Result<std::fs::File> {
@@ -60,6 +58,80 @@ pub fn lock_root(root: &Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// Parses a gRPC `grpc-timeout` header value (`<digits><H|M|S|m|u|n>`).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Runs one request through the routes, answering DeadlineExceeded when the caller's
+/// `grpc-timeout` runs out first.
+async fn with_deadline(
+    mut routes: Routes,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<tonic::body::Body>, std::convert::Infallible> {
+    let path = req.uri().path().to_string();
+    let deadline = req
+        .headers()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout);
+    let ready = match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let call = ready.call(req);
+    match deadline {
+        None => call.await,
+        Some(d) => match tokio::time::timeout(d, call).await {
+            Ok(resp) => resp,
+            Err(_) => {
+                tracing::debug!(method = %path, timeout = ?d, "deadline exceeded");
+                Ok(
+                    tonic::Status::deadline_exceeded(format!("{path}: deadline of {d:?} exceeded"))
+                        .into_http(),
+                )
+            }
+        },
+    }
+}
+
+/// The CRI services (v1 and v1alpha2) as one router.
+fn routes(runtime: RuntimeApi, images: ImageApi) -> Routes {
+    Routes::new(
+        RuntimeServiceServer::new(runtime.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(
+        ImageServiceServer::new(images.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(
+        a2::runtime_service_server::RuntimeServiceServer::new(RuntimeV1Alpha2(runtime))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(
+        a2::image_service_server::ImageServiceServer::new(ImageV1Alpha2(images))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+}
+
 /// Binds the socket (replacing a stale one) and serves until `shutdown` resolves.
 pub async fn serve(
     lock: std::fs::File,
@@ -83,52 +155,65 @@ pub async fn serve(
         .with_context(|| format!("binding CRI socket {}", socket.display()))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("setting mode of {}", socket.display()))?;
-    let handle = ServerHandle {
-        _lock: lock,
-        socket: socket.to_owned(),
-    };
     tracing::info!(socket = %socket.display(), "serving CRI v1 and v1alpha2");
-    // Clients such as the kubelet keep connections open forever: after the signal, requests in
-    // flight get a short grace period, then the server stops regardless.
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping_tx.send(());
-    };
-    let grace = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-            tracing::info!("grace period over: closing remaining connections");
-        } else {
-            std::future::pending::<()>().await;
+
+    let routes = routes(runtime, images);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(1000);
+    let builder = builder.http2_only();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a CRI connection");
+                        continue;
+                    }
+                };
+                let routes = routes.clone();
+                let svc = tower::service_fn(move |req| with_deadline(routes.clone(), req));
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "CRI connection ended");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
         }
-    };
-    let server = tonic::transport::Server::builder()
-        .add_service(
-            RuntimeServiceServer::new(runtime.clone())
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .add_service(
-            ImageServiceServer::new(images.clone())
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .add_service(
-            a2::runtime_service_server::RuntimeServiceServer::new(RuntimeV1Alpha2(runtime))
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .add_service(
-            a2::image_service_server::ImageServiceServer::new(ImageV1Alpha2(images))
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown);
-    let result = tokio::select! {
-        r = server => r.context("CRI server"),
-        () = grace => Ok(()),
-    };
-    drop(handle);
-    result
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(socket);
+    // Clients such as the kubelet keep connections open forever: requests in flight get a
+    // short grace period, then the server stops regardless.
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("grace period over: closing remaining connections");
+    }
+    drop(lock);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("1m"), Some(Duration::from_millis(1)));
+        assert_eq!(parse_grpc_timeout("120S"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("500u"), Some(Duration::from_micros(500)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("1234567890S"), None);
+    }
 }

@@ -136,12 +136,14 @@ impl Daemon {
             .arg(self.socket())
             .arg("--log-level")
             .arg("debug")
-            .arg("--registry-config-dir")
-            .arg(self.dir.path().join("certs.d"))
             .arg("--insecure-registry")
             .arg(registry())
             .arg("--insecure-registry")
             .arg(auth_registry());
+        if !self.extra_args.iter().any(|a| a == "--registry-config-dir") {
+            c.arg("--registry-config-dir")
+                .arg(self.dir.path().join("certs.d"));
+        }
         c.args(&self.extra_args);
         c
     }
