@@ -81,3 +81,18 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Raises the open-file soft limit to the hard limit: unpacking holds a descriptor per path
+/// component, and several layers unpack at once.
+pub fn raise_nofile_limit() {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+        }
+    }
+}

@@ -400,8 +400,6 @@ async fn disk_full_mid_pull_fails_cleanly() {
         .status()
         .expect("mount");
     assert!(st.success(), "mount tmpfs");
-    let mut d = Daemon::start_with(&[]);
-    d.stop();
     let mut cmd_args = vec!["--root".to_string(), root.to_string_lossy().to_string()];
     cmd_args.extend([
         "--state-dir".to_string(),
@@ -409,7 +407,7 @@ async fn disk_full_mid_pull_fails_cleanly() {
     ]);
     let socket = dir.path().join("state/berth.sock");
     let log = std::fs::File::create(dir.path().join("log")).expect("log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_berthd"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_berthd"))
         .args(&cmd_args)
         .arg("--socket")
         .arg(&socket)
@@ -420,6 +418,7 @@ async fn disk_full_mid_pull_fails_cleanly() {
         .stderr(log)
         .spawn()
         .expect("spawn");
+    let _child = KillOnDrop(child);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::os::unix::net::UnixStream::connect(&socket).is_err()
         && std::time::Instant::now() < deadline
@@ -440,8 +439,16 @@ async fn disk_full_mid_pull_fails_cleanly() {
     pull(&c, &image("busybox"))
         .await
         .expect("small pull after the failure");
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// Kills and reaps a daemon even when the test fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[tokio::test]

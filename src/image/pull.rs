@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -26,6 +27,21 @@ use crate::store::ImageRecord;
 
 /// Prefix of the snapshot keys a pull unpacks into; such snapshots are leftovers after a crash.
 pub const EXTRACT_PREFIX: &str = "extract-";
+
+/// One layer to fetch and unpack.
+struct LayerJob<'a> {
+    image: &'a ImageRef,
+    endpoint: &'a Endpoint,
+    creds: &'a Credentials,
+    desc: &'a Descriptor,
+    diff_id: &'a str,
+    /// Snapshot key to unpack into.
+    key: &'a str,
+    index: usize,
+    progress: &'a PullProgress,
+    /// Set when another layer failed: stop early.
+    cancel: &'a AtomicBool,
+}
 
 /// What resolving a reference produced.
 struct Resolved {
@@ -311,7 +327,10 @@ impl Inner {
         let chain = manifest::chain_ids(&diff_ids);
         progress.set_layers(&resolved.layers);
 
-        // Fetch and unpack every layer whose snapshot is missing, all at once (bounded).
+        // Fetch and unpack every layer whose snapshot is missing, all at once (bounded). On the
+        // first failure the others are told to stop and are waited for: a layer task is never
+        // aborted, because its blocking unpacker would go on writing into a removed snapshot.
+        let cancel = Arc::new(AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
         for (i, desc) in resolved.layers.iter().enumerate() {
             if self.snapshots.stat(&chain[i]).is_ok() {
@@ -325,6 +344,7 @@ impl Inner {
             let desc = desc.clone();
             let diff_id = diff_ids[i].clone();
             let progress = progress.clone();
+            let cancel = cancel.clone();
             tasks.spawn(async move {
                 let _permit = this.downloads.acquire().await;
                 let key = format!(
@@ -332,11 +352,21 @@ impl Inner {
                     crate::util::random_hex(4),
                     &diff_id
                 );
-                let result = this
-                    .fetch_layer(
-                        &image, &endpoint, &creds, &desc, &diff_id, &key, i, &progress,
-                    )
-                    .await;
+                if cancel.load(Ordering::Relaxed) {
+                    return (i, key, Err(ImageError::Internal("pull cancelled".into())));
+                }
+                let layer = LayerJob {
+                    image: &image,
+                    endpoint: &endpoint,
+                    creds: &creds,
+                    desc: &desc,
+                    diff_id: &diff_id,
+                    key: &key,
+                    index: i,
+                    progress: &progress,
+                    cancel: &cancel,
+                };
+                let result = this.fetch_layer(layer).await;
                 (i, key, result)
             });
         }
@@ -349,11 +379,11 @@ impl Inner {
                     self.discard_snapshot(&key);
                     if first_error.is_none() {
                         first_error = Some(e);
-                        tasks.abort_all();
+                        cancel.store(true, Ordering::Relaxed);
                     }
                 }
-                Err(join_err) if join_err.is_cancelled() => {}
                 Err(join_err) => {
+                    cancel.store(true, Ordering::Relaxed);
                     first_error.get_or_insert(ImageError::internal("layer task", join_err));
                 }
             }
@@ -362,8 +392,6 @@ impl Inner {
             for key in extracted.iter().flatten() {
                 self.discard_snapshot(key);
             }
-            // Aborted tasks may have prepared snapshots; sweep every extraction of this pull.
-            self.sweep_extractions(&diff_ids);
             return Err(e);
         }
 
@@ -428,18 +456,18 @@ impl Inner {
     }
 
     /// Streams one layer: hash the compressed bytes, decompress, hash the diff, unpack.
-    #[allow(clippy::too_many_arguments)]
-    async fn fetch_layer(
-        &self,
-        image: &ImageRef,
-        endpoint: &Endpoint,
-        creds: &Credentials,
-        desc: &Descriptor,
-        diff_id: &str,
-        key: &str,
-        index: usize,
-        progress: &PullProgress,
-    ) -> Result<(), ImageError> {
+    async fn fetch_layer(&self, job: LayerJob<'_>) -> Result<(), ImageError> {
+        let LayerJob {
+            image,
+            endpoint,
+            creds,
+            desc,
+            diff_id,
+            key,
+            index,
+            progress,
+            cancel,
+        } = job;
         let compression = Compression::from_media_type(&desc.media_type).ok_or_else(|| {
             ImageError::Unsupported(format!(
                 "image {image}: layer {} has unsupported media type {:?}",
@@ -495,6 +523,10 @@ impl Inner {
                     break;
                 }
             };
+            if cancel.load(Ordering::Relaxed) {
+                stream_error = Some(ImageError::Internal("pull cancelled".into()));
+                break;
+            }
             received += chunk.len() as u64;
             if received > expected {
                 stream_error = Some(ImageError::Corrupt(format!(
@@ -548,20 +580,6 @@ impl Inner {
             tracing::warn!(snapshot = key, error = %e, "removing extraction snapshot");
         }
     }
-
-    /// Removes every extraction snapshot for these diff ids.
-    fn sweep_extractions(&self, diff_ids: &[String]) {
-        let Ok(list) = self.snapshots.list() else {
-            return;
-        };
-        for info in list {
-            if info.name.starts_with(EXTRACT_PREFIX)
-                && diff_ids.iter().any(|d| info.name.ends_with(d.as_str()))
-            {
-                self.discard_snapshot(&info.name);
-            }
-        }
-    }
 }
 
 fn oci_descriptor(d: &Descriptor) -> oci_client::manifest::OciDescriptor {
@@ -580,45 +598,20 @@ fn unpack_stream(
     dest: &std::path::Path,
     image: &str,
 ) -> Result<String, ImageError> {
-    const BUF: usize = 256 * 1024;
-    let buffered = std::io::BufReader::with_capacity(BUF, reader);
-    let decoder: Box<dyn Read> = match compression {
-        Compression::None => Box::new(buffered),
-        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
-        Compression::Zstd => Box::new(
-            zstd::stream::read::Decoder::with_buffer(buffered)
-                .map_err(|e| ImageError::Corrupt(format!("image {image}: zstd layer: {e}")))?,
-        ),
-    };
-    let mut hashing = HashingReader {
-        inner: std::io::BufReader::with_capacity(BUF, decoder),
-        hasher: Sha256::new(),
-    };
-    unpack::unpack_layer(&mut hashing, Compression::None, dest).map_err(|e| match e {
-        unpack::UnpackError::Escape { .. } => ImageError::Hostile {
-            image: image.to_string(),
-            reason: e.to_string(),
-        },
-        e => ImageError::Corrupt(format!("image {image}: unpacking layer: {e}")),
-    })?;
-    // The tar end marker may leave padding unread: it is part of the diff.
-    std::io::copy(&mut hashing, &mut std::io::sink())
-        .map_err(|e| ImageError::Corrupt(format!("image {image}: reading layer: {e}")))?;
-    Ok(format!("sha256:{}", hex::encode(hashing.hasher.finalize())))
-}
-
-/// Hashes what passes through.
-struct HashingReader<R> {
-    inner: R,
-    hasher: Sha256,
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
+    let buffered = std::io::BufReader::with_capacity(256 * 1024, reader);
+    let (_stats, diff_id) = unpack::unpack_layer_with_diff_id(buffered, compression, dest)
+        .map_err(|e| match e {
+            unpack::UnpackError::Escape { .. } => ImageError::Hostile {
+                image: image.to_string(),
+                reason: e.to_string(),
+            },
+            unpack::UnpackError::Invalid { .. } | unpack::UnpackError::Corrupt { .. } => {
+                ImageError::Corrupt(format!("image {image}: unpacking layer: {e}"))
+            }
+            // Disk trouble (full, read-only, I/O error) is Berth's side, not the image's.
+            e => ImageError::Internal(format!("image {image}: unpacking layer: {e}")),
+        })?;
+    Ok(diff_id)
 }
 
 /// A blocking reader over chunks sent from the async download.
