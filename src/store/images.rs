@@ -179,10 +179,10 @@ mod tests {
         let (store, dir) = temp_store("tags");
         let tag = "docker.io/library/busybox:latest".to_string();
         store
-            .put_image(image("sha256:a"), &[tag.clone()], &[])
+            .put_image(image("sha256:a"), std::slice::from_ref(&tag), &[])
             .expect("put a");
         store
-            .put_image(image("sha256:b"), &[tag.clone()], &[])
+            .put_image(image("sha256:b"), std::slice::from_ref(&tag), &[])
             .expect("put b");
         let a = store.get_image("sha256:a").expect("get").expect("a exists");
         assert!(a.repo_tags.is_empty(), "tag moved away from a");
