@@ -34,6 +34,10 @@ fn assert_nothing_left(d: &Daemon) {
         .map(|r| r.flatten().collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "ingest left: {left:?}");
+    let blobs: Vec<_> = std::fs::read_dir(d.root().join("content/blobs/sha256"))
+        .map(|r| r.flatten().collect())
+        .unwrap_or_default();
+    assert!(blobs.is_empty(), "blobs of no image left: {blobs:?}");
 }
 
 #[tokio::test]

@@ -192,11 +192,19 @@ impl ImageManager {
                     let key2 = key.clone();
                     let task =
                         tokio::spawn(inner.clone().pull(image.clone(), creds, progress.clone()));
+                    let manager = self.clone();
                     let fut: SharedPull = async move {
                         let result = match task.await {
                             Ok(r) => r.map_err(Arc::new),
                             Err(e) => Err(Arc::new(ImageError::internal("pull task", e))),
                         };
+                        if result.is_err() {
+                            // Manifests and configs a failed pull stored belong to no image.
+                            let _gc = manager.inner.gc_lock.write().await;
+                            if let Err(e) = manager.collect_garbage_locked() {
+                                tracing::warn!(error = %e, "cleaning up after a failed pull");
+                            }
+                        }
                         inner
                             .inflight
                             .lock()
