@@ -31,20 +31,18 @@ pub struct Endpoint {
     pub is_origin: bool,
 }
 
-/// A `hosts.toml` file as containerd defines it (the subset Berth uses).
+/// A `hosts.toml` file as containerd defines it (the subset Berth uses): the `server`'s own
+/// settings at the top level, mirrors under `[host."…"]`.
 #[derive(Debug, Default, Deserialize)]
 struct HostsFile {
     server: Option<String>,
-    #[serde(default)]
-    capabilities: Option<Vec<String>>,
-    #[serde(default)]
-    skip_verify: Option<bool>,
-    #[serde(default)]
-    ca: Option<OneOrMany>,
+    #[serde(flatten)]
+    settings: HostEntry,
     #[serde(default)]
     host: BTreeMap<String, HostEntry>,
 }
 
+/// Settings of one host (the server or a mirror).
 #[derive(Debug, Default, Deserialize)]
 struct HostEntry {
     #[serde(default)]
@@ -141,9 +139,14 @@ pub fn endpoints_for(registry: &str, cfg: &RegistryConfig) -> Result<Vec<Endpoin
     let (server_host, server_plain, resolve, pull, skip_verify, mut ca_files) = match &file {
         Some((dir, f)) if f.server.is_some() => {
             let (h, p) = split_url(f.server.as_deref().unwrap_or(registry), insecure);
-            let (r, pl) = caps(&f.capabilities);
-            let ca = f.ca.as_ref().map(|c| c.paths(dir)).unwrap_or_default();
-            (h, p, r, pl, f.skip_verify.unwrap_or(false), ca)
+            let (r, pl) = caps(&f.settings.capabilities);
+            let ca = f
+                .settings
+                .ca
+                .as_ref()
+                .map(|c| c.paths(dir))
+                .unwrap_or_default();
+            (h, p, r, pl, f.settings.skip_verify.unwrap_or(false), ca)
         }
         _ => (
             registry.to_string(),
