@@ -136,7 +136,8 @@ impl Config {
         let body = toml::to_string_pretty(&Self::default()).unwrap_or_default();
         format!(
             "# Berth configuration ({DEFAULT_CONFIG_PATH}). Every field is optional; these are the defaults.\n\
-             # Command-line flags override values from this file.\n\n{body}"
+             # Command-line flags override values from this file.\n\
+             # Unset by default: registry.ca_file = \"/path/to/ca.pem\" (an extra CA for every registry).\n\n{body}"
         )
     }
 

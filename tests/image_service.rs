@@ -320,3 +320,51 @@ async fn hosts_toml_mirrors_are_used_in_order_with_fallback() {
         vec!["registry.example.test/busybox:latest".to_string()]
     );
 }
+
+#[tokio::test]
+async fn verbose_status_reports_pull_progress_per_layer() {
+    let d = Daemon::start_with(&["--max-concurrent-downloads", "1"]);
+    let c = d.client().await;
+    let reference = image("large");
+    let puller = {
+        let c = c.clone();
+        let r = reference.clone();
+        tokio::spawn(async move { pull(&c, &r).await })
+    };
+    let mut seen_partial = false;
+    let mut seen_layers = 0;
+    while !puller.is_finished() {
+        let s = c
+            .runtime()
+            .status(cri::StatusRequest { verbose: true })
+            .await
+            .expect("status")
+            .into_inner();
+        let pulls: serde_json::Value =
+            serde_json::from_str(&s.info["pulls"]).expect("pulls is JSON");
+        for p in pulls["inProgress"].as_array().expect("inProgress list") {
+            assert_eq!(p["image"], reference.clone() + ":latest");
+            let layers = p["layers"].as_array().expect("layers");
+            seen_layers = seen_layers.max(layers.len());
+            seen_partial |= layers.iter().any(|l| {
+                let (r, t) = (
+                    l["received"].as_u64().unwrap_or(0),
+                    l["total"].as_u64().unwrap_or(0),
+                );
+                r > 0 && r < t
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    puller.await.expect("join").expect("pull");
+    assert_eq!(seen_layers, 9, "busybox + 8 layers listed");
+    assert!(seen_partial, "a layer was seen part-way through");
+    let s = c
+        .runtime()
+        .status(cri::StatusRequest { verbose: true })
+        .await
+        .expect("status")
+        .into_inner();
+    let pulls: serde_json::Value = serde_json::from_str(&s.info["pulls"]).expect("JSON");
+    assert_eq!(pulls["inProgress"].as_array().map(Vec::len), Some(0));
+}

@@ -66,8 +66,11 @@ async fn status(
             .into_iter()
             .map(|(image, layers)| serde_json::json!({ "image": image, "layers": layers }))
             .collect();
-        resp.info
-            .insert("pulls".into(), serde_json::Value::Array(pulls).to_string());
+        // An object, not an array: crictl only pretty-prints values that start with `{`.
+        resp.info.insert(
+            "pulls".into(),
+            serde_json::json!({ "inProgress": pulls }).to_string(),
+        );
     }
     Ok(Response::new(resp))
 }
