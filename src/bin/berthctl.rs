@@ -380,7 +380,11 @@ where
                         let digest = l["digest"].as_str().unwrap_or_default();
                         let short = digest.trim_start_matches("sha256:").chars().take(12).collect::<String>();
                         let (r, t) = (l["received"].as_u64().unwrap_or(0), l["total"].as_u64().unwrap_or(0));
-                        let state = if r >= t && t > 0 { "done" } else { "downloading" };
+                        let state = match (r, t) {
+                            (r, t) if r >= t && t > 0 => "done",
+                            (0, _) => "waiting",
+                            _ => "downloading",
+                        };
                         lines.push(format!("{short}: {state:<11} {:>10} / {:<10}", human_size(r), human_size(t)));
                     }
                 }
