@@ -71,16 +71,16 @@ impl Default for RegistryConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file exists but could not be read.
-    #[error("reading config file {path}: {source}")]
+    #[error("reading config file {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML for Berth's schema.
-    #[error("parsing config file {path}: {source}")]
+    #[error("parsing config file {path}: {error}")]
     Parse {
         path: PathBuf,
-        source: Box<toml::de::Error>,
+        error: Box<toml::de::Error>,
     },
     /// A value is out of range.
     #[error("invalid config: {0}")]
@@ -95,16 +95,16 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
                 return Ok(Self::default());
             }
-            Err(source) => {
+            Err(error) => {
                 return Err(ConfigError::Read {
                     path: path.to_owned(),
-                    source,
+                    error,
                 });
             }
         };
-        Self::parse(&text).map_err(|source| ConfigError::Parse {
+        Self::parse(&text).map_err(|error| ConfigError::Parse {
             path: path.to_owned(),
-            source: Box::new(source),
+            error: Box::new(error),
         })
     }
 

@@ -1,6 +1,120 @@
-//! berth-shim: the per-container supervisor. Its body lands with the runtime issue.
+//! berth-shim: the per-container supervisor (creates one container, owns its stdio, serves the shim API).
+
+mod args;
+mod container;
+mod crilog;
+mod daemon;
+mod error;
+mod exitfile;
+mod proto;
+mod server;
+mod timefmt;
+
+use std::fs;
+use std::os::unix::net::UnixListener;
+
+use args::Args;
+use container::{Ctr, Stdio};
+use error::{IoContext, ShimError};
 
 fn main() {
-    eprintln!("berth-shim: not implemented yet (the runtime issue builds it)");
-    std::process::exit(2);
+    let args = match Args::parse(std::env::args_os().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("berth-shim: {e}");
+            std::process::exit(2);
+        }
+    };
+    if args.tty {
+        eprintln!("berth-shim: --tty is not supported yet");
+        std::process::exit(2);
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .init();
+    // Container processes inherit the shim's signal dispositions: SIGPIPE must be the default
+    // (Rust sets it to ignored). The shim itself sends on sockets with MSG_NOSIGNAL.
+    // SAFETY: setting a standard disposition for one signal; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+
+    let reporter = match daemon::detach() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("berth-shim: {e}");
+            std::process::exit(1);
+        }
+    };
+    match setup(args) {
+        Ok(shim) => {
+            if let Err(e) = daemon::detach_stdio() {
+                reporter.failure(&e.to_string());
+                std::process::exit(1);
+            }
+            reporter.success();
+            shim.run();
+        }
+        Err(e) => {
+            reporter.failure(&e.to_string());
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Binds the socket, opens stdio and creates the container.
+fn setup(args: Args) -> Result<server::Shim, ShimError> {
+    if !args.bundle.join("config.json").is_file() {
+        return Err(ShimError::Precondition(format!(
+            "bundle {}: no config.json",
+            args.bundle.display()
+        )));
+    }
+    if let Some(dir) = args.socket.parent() {
+        fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
+    }
+    let _ = fs::remove_file(&args.socket);
+    let listener =
+        UnixListener::bind(&args.socket).ctx(|| format!("bind {}", args.socket.display()))?;
+    let cleanup = |e: ShimError| {
+        let _ = fs::remove_file(&args.socket);
+        e
+    };
+    let (out_r, out_w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
+    let (err_r, err_w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
+    let (stdin_child, stdin_keep) = if args.stdin {
+        let (r, w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
+        (r, Some(w))
+    } else {
+        let null = fs::File::open("/dev/null")
+            .ctx(|| "open /dev/null".to_string())
+            .map_err(cleanup)?;
+        (null.into(), None)
+    };
+    let stdio = Stdio {
+        stdin: Some(stdin_child),
+        stdout: out_w,
+        stderr: err_w,
+    };
+    let log = crilog::LogFile::open(&args.log_path)
+        .ctx(|| "open log".to_string())
+        .map_err(cleanup)?;
+    let mut ctr = Ctr::create(&args.id, &args.bundle, &args.state_root, stdio).map_err(cleanup)?;
+    let pidfd = ctr
+        .pid()
+        .ok_or_else(|| ShimError::Precondition("created container has no pid".into()))
+        .and_then(|pid| server::pidfd_open(pid).ctx(|| format!("pidfd_open {pid}")));
+    match pidfd {
+        Ok(pidfd) => Ok(server::Shim::new(
+            args, ctr, listener, log, [out_r, err_r], stdin_keep, pidfd,
+        )),
+        Err(e) => {
+            if let Some(pid) = ctr.pid() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(pid, None);
+            }
+            let _ = ctr.delete();
+            Err(cleanup(e))
+        }
+    }
 }

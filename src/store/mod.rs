@@ -18,10 +18,10 @@ pub use images::ImageRecord;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database could not be opened (another berthd holds it, or it is damaged).
-    #[error("opening metadata database {path}: {source}")]
+    #[error("opening metadata database {path}: {error}")]
     Open {
         path: String,
-        source: redb::DatabaseError,
+        error: redb::DatabaseError,
     },
     /// A read or write failed.
     #[error("metadata database: {0}")]
@@ -59,9 +59,9 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) the database at `path` and makes sure every table exists.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = redb::Database::create(path).map_err(|source| StoreError::Open {
+        let db = redb::Database::create(path).map_err(|error| StoreError::Open {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         let store = Self { db: Arc::new(db) };
         store.create_tables()?;

@@ -1,0 +1,207 @@
+//! The one container this shim owns, through libcontainer (create, start, signal, exec, delete).
+//!
+//! libcontainer is not thread-safe and changes the working directory: the shim is single-
+//! threaded, calls it from one place at a time, and passes absolute paths only.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::Container;
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::error::LibcontainerError;
+use libcontainer::signal::Signal;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::unistd::Pid;
+
+use crate::error::{IoContext, ShimError};
+
+/// Stdio handed to a container process.
+pub struct Stdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+pub struct Ctr {
+    id: String,
+    bundle: PathBuf,
+    state_root: PathBuf,
+    container: Container,
+    /// The cgroup path libcontainer resolved (relative to each hierarchy's mount point).
+    cgroup_path: Option<PathBuf>,
+}
+
+impl Ctr {
+    /// Creates the container (its init waits for [`Ctr::start`]).
+    pub fn create(
+        id: &str,
+        bundle: &Path,
+        state_root: &Path,
+        stdio: Stdio,
+    ) -> Result<Self, ShimError> {
+        fs::create_dir_all(state_root)
+            .ctx(|| format!("create state root {}", state_root.display()))?;
+        remove_stale(id, state_root);
+        let wrap = |op, source| ShimError::Container {
+            op,
+            id: id.to_string(),
+            bundle: bundle.to_path_buf(),
+            source,
+        };
+        let saved_oom = fs::read_to_string("/proc/self/oom_score_adj").ok();
+        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
+            .with_root_path(state_root)
+            .map_err(|e| wrap("create", e))?
+            .with_stdout(stdio.stdout)
+            .with_stderr(stdio.stderr);
+        if let Some(stdin) = stdio.stdin {
+            builder = builder.with_stdin(stdin);
+        }
+        let built = builder
+            .as_init(bundle)
+            .with_systemd(false)
+            .with_detach(true)
+            .build();
+        // libcontainer writes the spec's oom_score_adj into the shim itself; put ours back
+        // (raising always works; lowering may not, which is then only logged).
+        if let Some(v) = saved_oom
+            && let Err(e) = fs::write("/proc/self/oom_score_adj", v.trim())
+        {
+            tracing::warn!("restore shim oom_score_adj {}: {e}", v.trim());
+        }
+        let container = built.map_err(|e| wrap("create", e))?;
+        let cgroup_path = container.spec().ok().map(|c| c.cgroup_path);
+        Ok(Self {
+            id: id.to_string(),
+            bundle: bundle.to_path_buf(),
+            state_root: state_root.to_path_buf(),
+            container,
+            cgroup_path,
+        })
+    }
+
+    fn wrap(&self, op: &'static str, source: LibcontainerError) -> ShimError {
+        ShimError::Container {
+            op,
+            id: self.id.clone(),
+            bundle: self.bundle.clone(),
+            source,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn bundle(&self) -> &Path {
+        &self.bundle
+    }
+
+    /// The init's host pid.
+    pub fn pid(&self) -> Option<Pid> {
+        self.container.pid()
+    }
+
+    pub fn start(&mut self) -> Result<(), ShimError> {
+        self.container.start().map_err(|e| self.wrap("start", e))
+    }
+
+    /// Signals every process in the container's cgroup.
+    pub fn kill_all(&mut self, signal: i32) -> Result<(), ShimError> {
+        let sig = Signal::try_from(signal)
+            .map_err(|e| ShimError::Precondition(format!("bad signal {signal}: {e}")))?;
+        self.container
+            .kill(sig, true)
+            .map_err(|e| self.wrap("kill", e))
+    }
+
+    /// Starts `args` inside the container; returns its host pid (a child of the shim).
+    pub fn exec(
+        &self,
+        args: Vec<String>,
+        env: &[String],
+        cwd: Option<PathBuf>,
+        stdio: Stdio,
+    ) -> Result<Pid, ShimError> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (kv.clone(), String::new()),
+            })
+            .collect();
+        let mut builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
+            .with_root_path(&self.state_root)
+            .map_err(|e| self.wrap("exec in", e))?
+            .with_stdout(stdio.stdout)
+            .with_stderr(stdio.stderr);
+        if let Some(stdin) = stdio.stdin {
+            builder = builder.with_stdin(stdin);
+        }
+        builder
+            .as_tenant()
+            .with_container_args(args)
+            .with_env(env)
+            .with_cwd(cwd)
+            .with_detach(true)
+            .build()
+            .map_err(|e| self.wrap("exec in", e))
+    }
+
+    /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`).
+    pub fn oom_kills(&self) -> u64 {
+        let Some(cg) = &self.cgroup_path else {
+            return 0;
+        };
+        let rel = cg.strip_prefix("/").unwrap_or(cg);
+        let candidates = [
+            (Path::new("/sys/fs/cgroup/memory").join(rel), "memory.oom_control"),
+            (Path::new("/sys/fs/cgroup").join(rel), "memory.events"),
+            (Path::new("/sys/fs/cgroup/unified").join(rel), "memory.events"),
+        ];
+        for (dir, file) in candidates {
+            if let Ok(text) = fs::read_to_string(dir.join(file)) {
+                let n = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("oom_kill "))
+                    .find_map(|v| v.trim().parse().ok());
+                if let Some(n) = n {
+                    return n;
+                }
+            }
+        }
+        0
+    }
+
+    /// Deletes the container (SIGKILLs what is left in its cgroup, removes cgroups and state).
+    /// The caller reaps the init.
+    pub fn delete(&mut self) -> Result<(), ShimError> {
+        let _ = self.container.refresh_status();
+        self.container
+            .delete(true)
+            .map_err(|e| self.wrap("delete", e))
+    }
+}
+
+/// Deletes a container left by an earlier shim with the same id (its init may be stuck in
+/// "created" forever if that shim died before start).
+fn remove_stale(id: &str, state_root: &Path) {
+    let dir = state_root.join(id);
+    if !dir.exists() {
+        return;
+    }
+    tracing::warn!("removing stale container state {}", dir.display());
+    match Container::load(dir.clone()) {
+        Ok(mut c) => {
+            if let Err(e) = c.delete(true) {
+                tracing::warn!("delete stale container {id}: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("load stale container {id}: {e}"),
+    }
+    if dir.exists() {
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
