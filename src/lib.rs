@@ -6,5 +6,6 @@ pub mod cri;
 pub mod daemon;
 pub mod image;
 pub mod logging;
+pub mod runtime;
 pub mod store;
 pub mod util;

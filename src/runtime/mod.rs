@@ -1,0 +1,3 @@
+//! The runtime core: pod sandboxes and containers (being built for the runtime issue).
+
+pub mod names;
