@@ -47,6 +47,21 @@ enum Command {
         #[command(subcommand)]
         what: ConfigCommand,
     },
+    /// Internal: create and pin a pod's namespaces (berthd runs this in a child process).
+    #[command(hide = true)]
+    PinNamespaces {
+        #[arg(long)]
+        net: Option<PathBuf>,
+        #[arg(long)]
+        ipc: Option<PathBuf>,
+        #[arg(long)]
+        uts: Option<PathBuf>,
+        #[arg(long)]
+        hostname: Option<String>,
+        /// NAME=VALUE (repeatable).
+        #[arg(long = "sysctl")]
+        sysctls: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -94,6 +109,33 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(Command::PinNamespaces {
+        net,
+        ipc,
+        uts,
+        hostname,
+        sysctls,
+    }) = &cli.command
+    {
+        let req = berth::runtime::pin::PinRequest {
+            net: net.clone(),
+            ipc: ipc.clone(),
+            uts: uts.clone(),
+            hostname: hostname.clone(),
+            sysctls: sysctls
+                .iter()
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, v)) => (k.to_string(), v.to_string()),
+                    None => (kv.clone(), String::new()),
+                })
+                .collect(),
+        };
+        if let Err(e) = berth::runtime::pin::run_pin_child(&req) {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Some(Command::Config { what }) = &cli.command {
         match what {
             ConfigCommand::Default => print!("{}", Config::default_toml()),

@@ -1,0 +1,280 @@
+//! Pinned pod namespaces: network, IPC and UTS namespaces kept alive by bind mounts, no pause
+//! process.
+//!
+//! berthd is multi-threaded, and `unshare` there would move only the calling thread, so the
+//! namespaces are made by a short-lived child: berthd re-executes itself as
+//! `berthd pin-namespaces …` ([`run_pin_child`]), which is single-threaded, unshares, sets the
+//! hostname, brings loopback up, applies sysctls, bind-mounts `/proc/self/ns/<kind>` onto the
+//! target files and exits. Removing a pod unmounts and deletes the files.
+
+use std::path::{Path, PathBuf};
+
+/// Which namespaces a pod pins, and where.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PinRequest {
+    /// File to pin a new network namespace on (None: the pod uses the host's).
+    pub net: Option<PathBuf>,
+    /// File to pin a new IPC namespace on.
+    pub ipc: Option<PathBuf>,
+    /// File to pin a new UTS namespace on.
+    pub uts: Option<PathBuf>,
+    /// Hostname to set in the new UTS namespace.
+    pub hostname: Option<String>,
+    /// Sysctls (`net.*` in the new network namespace, `kernel.shm*`/`kernel.msg*`/`kernel.sem`/
+    /// `fs.mqueue.*` in the new IPC namespace).
+    pub sysctls: Vec<(String, String)>,
+}
+
+/// Why pinning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// A sysctl that is not namespaced, or names a namespace the pod does not own.
+    #[error(
+        "sysctl {0}: not allowed for this pod (not namespaced, or the pod uses the host's namespace)"
+    )]
+    SysctlNotAllowed(String),
+    /// A malformed sysctl name.
+    #[error("sysctl {0:?}: invalid name")]
+    SysctlInvalid(String),
+    /// A step of the child failed.
+    #[error("{step}: {error}")]
+    Step { step: String, error: std::io::Error },
+    /// The child could not run or reported failure.
+    #[error("pinning namespaces: {0}")]
+    Child(String),
+}
+
+fn step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PinError {
+    let step = step.into();
+    move |error| PinError::Step { step, error }
+}
+
+/// Which namespace a sysctl lives in, per the kernel's namespacing.
+fn sysctl_namespace(name: &str) -> Option<&'static str> {
+    if name.starts_with("net.") {
+        Some("net")
+    } else if name.starts_with("kernel.shm")
+        || name.starts_with("kernel.msg")
+        || name == "kernel.sem"
+        || name.starts_with("fs.mqueue.")
+    {
+        Some("ipc")
+    } else if name == "kernel.hostname" || name == "kernel.domainname" {
+        Some("uts")
+    } else {
+        None
+    }
+}
+
+/// Checks sysctls against the namespaces the pod owns (before anything is created).
+pub fn validate_sysctls(req: &PinRequest) -> Result<(), PinError> {
+    for (name, _) in &req.sysctls {
+        if name.is_empty()
+            || name.contains("..")
+            || name.starts_with('.')
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+        {
+            return Err(PinError::SysctlInvalid(name.clone()));
+        }
+        let owned = match sysctl_namespace(name) {
+            Some("net") => req.net.is_some(),
+            Some("ipc") => req.ipc.is_some(),
+            Some("uts") => req.uts.is_some(),
+            _ => false,
+        };
+        if !owned {
+            return Err(PinError::SysctlNotAllowed(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Pins the namespaces by running `exe pin-namespaces` (berthd itself); waits for it.
+pub async fn pin(exe: &Path, req: &PinRequest) -> Result<(), PinError> {
+    validate_sysctls(req)?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("pin-namespaces");
+    for (flag, path) in [
+        ("--net", &req.net),
+        ("--ipc", &req.ipc),
+        ("--uts", &req.uts),
+    ] {
+        if let Some(p) = path {
+            cmd.arg(flag).arg(p);
+        }
+    }
+    if let Some(h) = &req.hostname {
+        cmd.arg("--hostname").arg(h);
+    }
+    for (k, v) in &req.sysctls {
+        cmd.arg("--sysctl").arg(format!("{k}={v}"));
+    }
+    let out = cmd
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| PinError::Child(format!("starting {}: {e}", exe.display())))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    // A failed child may have pinned some namespaces already.
+    unpin(req);
+    Err(PinError::Child(
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    ))
+}
+
+/// Unmounts and removes pinned namespace files; absent ones are fine. Idempotent.
+pub fn unpin(req: &PinRequest) {
+    for path in [&req.net, &req.ipc, &req.uts].into_iter().flatten() {
+        match rustix::mount::unmount(path.as_path(), rustix::mount::UnmountFlags::DETACH) {
+            Ok(()) | Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "unmounting pinned namespace")
+            }
+        }
+        if let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "removing pinned namespace file");
+        }
+    }
+}
+
+/// The body of `berthd pin-namespaces`: runs in a fresh, single-threaded process.
+pub fn run_pin_child(req: &PinRequest) -> Result<(), PinError> {
+    use rustix::thread::UnshareFlags;
+    validate_sysctls(req)?;
+    let mut flags = UnshareFlags::empty();
+    if req.net.is_some() {
+        flags |= UnshareFlags::NEWNET;
+    }
+    if req.ipc.is_some() {
+        flags |= UnshareFlags::NEWIPC;
+    }
+    if req.uts.is_some() {
+        flags |= UnshareFlags::NEWUTS;
+    }
+    // SAFETY: this process is single-threaded (a fresh exec of berthd that has started no
+    // runtime or thread), so unsharing moves the whole process, as intended.
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(|e| PinError::Step {
+        step: "unshare".into(),
+        error: e.into(),
+    })?;
+    if let (Some(_), Some(h)) = (&req.uts, &req.hostname) {
+        rustix::system::sethostname(h.as_bytes()).map_err(|e| PinError::Step {
+            step: format!("sethostname {h}"),
+            error: e.into(),
+        })?;
+    }
+    if req.net.is_some() {
+        loopback_up()?;
+    }
+    for (name, value) in &req.sysctls {
+        let path = Path::new("/proc/sys").join(name.replace('.', "/"));
+        std::fs::write(&path, value).map_err(step(format!("sysctl {name}={value}")))?;
+    }
+    for (kind, target) in [("net", &req.net), ("ipc", &req.ipc), ("uts", &req.uts)] {
+        let Some(target) = target else { continue };
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir).map_err(step(format!("creating {}", dir.display())))?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(target)
+            .map_err(step(format!("creating {}", target.display())))?;
+        let source = format!("/proc/self/ns/{kind}");
+        rustix::mount::mount_bind(source.as_str(), target.as_path()).map_err(|e| {
+            PinError::Step {
+                step: format!("bind-mounting {source} on {}", target.display()),
+                error: e.into(),
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Brings `lo` up in the current network namespace.
+fn loopback_up() -> Result<(), PinError> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0");
+    // A fresh namespace has lo down, so binding 127.0.0.1 may fail; any datagram socket works
+    // for the ioctl, so fall back to an unbound one.
+    let fd = match sock {
+        Ok(s) => std::os::fd::OwnedFd::from(s),
+        Err(_) => rustix::net::socket(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::DGRAM,
+            None,
+        )
+        .map_err(|e| PinError::Step {
+            step: "socket for loopback".into(),
+            error: e.into(),
+        })?,
+    };
+    let mut ifr: libc::ifreq = unsafe_zeroed_ifreq();
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: `ifr` is a valid, initialised ifreq naming "lo"; SIOCGIFFLAGS/SIOCSIFFLAGS read
+    // and write only its flags union member, and `raw` is an open socket we own.
+    let got = unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut ifr) };
+    if got < 0 {
+        return Err(PinError::Step {
+            step: "reading lo flags".into(),
+            error: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: after SIOCGIFFLAGS the flags member of the union is the initialised one.
+    unsafe {
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above.
+    let set = unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS, &ifr) };
+    if set < 0 {
+        return Err(PinError::Step {
+            step: "bringing lo up".into(),
+            error: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn unsafe_zeroed_ifreq() -> libc::ifreq {
+    // SAFETY: ifreq is a plain C struct of byte arrays and integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysctls_must_belong_to_an_owned_namespace() {
+        let mut req = PinRequest {
+            net: Some("/x/net".into()),
+            ..Default::default()
+        };
+        req.sysctls = vec![("net.ipv4.ip_forward".into(), "1".into())];
+        assert!(validate_sysctls(&req).is_ok());
+        req.sysctls = vec![("kernel.shmmax".into(), "1".into())];
+        assert!(matches!(
+            validate_sysctls(&req),
+            Err(PinError::SysctlNotAllowed(_))
+        ));
+        req.sysctls = vec![("vm.swappiness".into(), "1".into())];
+        assert!(matches!(
+            validate_sysctls(&req),
+            Err(PinError::SysctlNotAllowed(_))
+        ));
+        req.sysctls = vec![("net/../../x".into(), "1".into())];
+        assert!(matches!(
+            validate_sysctls(&req),
+            Err(PinError::SysctlInvalid(_))
+        ));
+    }
+}

@@ -1,0 +1,107 @@
+//! Pinned pod namespaces: created by a berthd child, visible through nsenter, removed cleanly.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+
+use berth::runtime::pin::{PinError, PinRequest, pin, unpin};
+use common::TempDir;
+
+fn nsenter(args: &[&str]) -> String {
+    let out = Command::new("nsenter")
+        .args(args)
+        .output()
+        .expect("nsenter");
+    assert!(
+        out.status.success(),
+        "nsenter {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn mounted(path: &std::path::Path) -> bool {
+    let p = path.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+#[tokio::test]
+async fn pod_namespaces_are_pinned_configured_and_removed() {
+    let dir = TempDir::new("pin");
+    let req = PinRequest {
+        net: Some(dir.path().join("netns")),
+        ipc: Some(dir.path().join("ipcns")),
+        uts: Some(dir.path().join("utsns")),
+        hostname: Some("pod-a".into()),
+        sysctls: vec![
+            ("net.ipv4.ip_unprivileged_port_start".into(), "80".into()),
+            ("kernel.shmmni".into(), "1000".into()),
+        ],
+    };
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
+    pin(exe, &req).await.expect("pin");
+    let net = req.net.clone().expect("net");
+    let ipc = req.ipc.clone().expect("ipc");
+    let uts = req.uts.clone().expect("uts");
+    for p in [&net, &ipc, &uts] {
+        assert!(mounted(p), "{} is a mount", p.display());
+    }
+    // New namespaces, not the host's.
+    let host_net = std::fs::metadata("/proc/self/ns/net")
+        .expect("host ns")
+        .ino();
+    let pod_net = std::fs::metadata(&net).expect("pinned ns").ino();
+    assert_ne!(host_net, pod_net);
+    let n = format!("--net={}", net.display());
+    let i = format!("--ipc={}", ipc.display());
+    let u = format!("--uts={}", uts.display());
+    assert_eq!(nsenter(&[&u, "hostname"]), "pod-a");
+    assert_eq!(
+        nsenter(&[&n, "cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"]),
+        "80"
+    );
+    assert_eq!(nsenter(&[&i, "cat", "/proc/sys/kernel/shmmni"]), "1000");
+    // `ip` asks the kernel over netlink in the namespace (sysfs would show the host's).
+    let links = nsenter(&[&n, "ip", "-o", "link", "show"]);
+    let lines: Vec<&str> = links.lines().collect();
+    assert_eq!(lines.len(), 1, "only lo in a fresh pod netns: {links}");
+    assert!(
+        lines[0].contains(": lo:") && lines[0].contains(",UP,"),
+        "lo is up: {links}"
+    );
+
+    unpin(&req);
+    unpin(&req); // idempotent
+    for p in [&net, &ipc, &uts] {
+        assert!(!p.exists() && !mounted(p), "{} removed", p.display());
+    }
+}
+
+#[tokio::test]
+async fn bad_sysctls_are_refused_before_anything_is_made() {
+    let dir = TempDir::new("pin-bad");
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
+    let host_net_only = PinRequest {
+        ipc: Some(dir.path().join("ipcns")),
+        sysctls: vec![("net.ipv4.ip_forward".into(), "1".into())],
+        ..Default::default()
+    };
+    let e = pin(exe, &host_net_only)
+        .await
+        .expect_err("net sysctl without a netns");
+    assert!(matches!(e, PinError::SysctlNotAllowed(_)), "{e}");
+    assert!(!dir.path().join("ipcns").exists());
+    // A sysctl the kernel does not have fails in the child, and nothing stays pinned.
+    let unknown = PinRequest {
+        net: Some(dir.path().join("netns")),
+        sysctls: vec![("net.core.no_such_knob".into(), "1".into())],
+        ..Default::default()
+    };
+    let e = pin(exe, &unknown).await.expect_err("unknown sysctl");
+    assert!(e.to_string().contains("no_such_knob"), "{e}");
+    assert!(!dir.path().join("netns").exists() && !mounted(&dir.path().join("netns")));
+}
