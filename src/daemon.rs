@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::cri::{self, ImageApi, RuntimeApi};
 use crate::image::ImageManager;
+use crate::runtime::sandbox::SandboxManager;
 use crate::store::Store;
 
 /// Runs the daemon until a termination signal arrives.
@@ -16,7 +17,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
     let store = Store::open(&config.db_path())?;
-    let images = ImageManager::open(&config, store).context("opening image store")?;
+    let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
+    let sandboxes =
+        SandboxManager::open(store, &config.state_dir).context("loading pod sandboxes")?;
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -35,7 +38,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cri::serve(
         lock,
         &config.socket,
-        RuntimeApi::new(images.clone()),
+        RuntimeApi::new(images.clone(), sandboxes),
         ImageApi::new(images),
         shutdown,
     )

@@ -4,6 +4,7 @@ mod errors;
 mod image_service;
 mod runtime_info;
 mod runtime_service;
+mod sandbox_service;
 pub(crate) mod server;
 mod v1alpha2;
 

@@ -1,4 +1,4 @@
-//! CRI RuntimeService: Version, Status and RuntimeConfig now; pods and containers land with the runtime issue.
+//! CRI RuntimeService: Version, Status and RuntimeConfig now; containers land with the runtime issue.
 
 use std::pin::Pin;
 
@@ -6,19 +6,23 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 
-use super::runtime_info;
+use std::sync::Arc;
+
+use super::{runtime_info, sandbox_service};
 use crate::image::ImageManager;
+use crate::runtime::sandbox::SandboxManager;
 
 /// The RuntimeService.
 #[derive(Clone)]
 pub struct RuntimeApi {
     images: ImageManager,
+    sandboxes: Arc<SandboxManager>,
 }
 
 impl RuntimeApi {
-    /// A runtime service; `images` feeds the verbose status (pulls in progress).
-    pub fn new(images: ImageManager) -> Self {
-        Self { images }
+    /// A runtime service; `images` also feeds the verbose status (pulls in progress).
+    pub fn new(images: ImageManager, sandboxes: Arc<SandboxManager>) -> Self {
+        Self { images, sandboxes }
     }
 }
 
@@ -36,7 +40,7 @@ macro_rules! runtime_impl {
         ) -> Result<Response<cri::$resp>, Status> {
             Err(Status::unimplemented(concat!(
                 $name,
-                " is not implemented yet in Berth (pods and containers land with the runtime issue)"
+                " is not implemented yet in Berth (containers land with the runtime issue)"
             )))
         }
             )*
@@ -75,6 +79,49 @@ async fn status(
     Ok(Response::new(resp))
 }
 
+async fn run_pod_sandbox(
+    &self,
+    request: Request<cri::RunPodSandboxRequest>,
+) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
+    let pod_sandbox_id = self.sandboxes.run(request.get_ref()).await?;
+    Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id }))
+}
+
+async fn stop_pod_sandbox(
+    &self,
+    request: Request<cri::StopPodSandboxRequest>,
+) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
+    self.sandboxes.stop(&request.get_ref().pod_sandbox_id).await?;
+    Ok(Response::new(cri::StopPodSandboxResponse {}))
+}
+
+async fn remove_pod_sandbox(
+    &self,
+    request: Request<cri::RemovePodSandboxRequest>,
+) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
+    self.sandboxes.remove(&request.get_ref().pod_sandbox_id).await?;
+    Ok(Response::new(cri::RemovePodSandboxResponse {}))
+}
+
+async fn pod_sandbox_status(
+    &self,
+    request: Request<cri::PodSandboxStatusRequest>,
+) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
+    let req = request.get_ref();
+    let rec = self.sandboxes.get(&req.pod_sandbox_id)?;
+    Ok(Response::new(sandbox_service::status(&rec, req.verbose)))
+}
+
+async fn list_pod_sandbox(
+    &self,
+    request: Request<cri::ListPodSandboxRequest>,
+) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
+    Ok(Response::new(sandbox_service::list(
+        &self.sandboxes,
+        request.get_ref().filter.as_ref(),
+    )?))
+}
+
 async fn runtime_config(
     &self,
     _request: Request<cri::RuntimeConfigRequest>,
@@ -103,11 +150,6 @@ async fn get_container_events(
 }
 
 }
-    run_pod_sandbox(RunPodSandboxRequest) -> RunPodSandboxResponse, "RunPodSandbox";
-    stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse, "StopPodSandbox";
-    remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse, "RemovePodSandbox";
-    pod_sandbox_status(PodSandboxStatusRequest) -> PodSandboxStatusResponse, "PodSandboxStatus";
-    list_pod_sandbox(ListPodSandboxRequest) -> ListPodSandboxResponse, "ListPodSandbox";
     create_container(CreateContainerRequest) -> CreateContainerResponse, "CreateContainer";
     start_container(StartContainerRequest) -> StartContainerResponse, "StartContainer";
     stop_container(StopContainerRequest) -> StopContainerResponse, "StopContainer";

@@ -1,4 +1,7 @@
 //! The runtime core: pod sandboxes and containers (being built for the runtime issue).
 
+pub mod cgroups;
 pub mod names;
 pub mod pin;
+pub mod sandbox;
+pub mod sandbox_files;

@@ -3,16 +3,21 @@
 //! Tables (schema):
 //! - `images`: image id (`sha256:<config digest>`) → JSON [`ImageRecord`]
 //! - `image_names`: reference (`registry/repo:tag` or `registry/repo@sha256:…`) → image id
+//! - `sandboxes`: sandbox id → JSON `SandboxRecord` (src/runtime/sandbox.rs)
 //!
 //! Invariant: every name in `image_names` points to an image in `images`, and that image lists
 //! the name in its `repo_tags` or `repo_digests`; both are changed in the same transaction.
 
 mod images;
+mod records;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use images::ImageRecord;
+
+/// Pod sandboxes by id.
+pub const SANDBOXES: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("sandboxes");
 
 /// Errors of the metadata store.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +77,7 @@ impl Store {
         let txn = self.db.begin_write()?;
         txn.open_table(images::IMAGES)?;
         txn.open_table(images::IMAGE_NAMES)?;
+        txn.open_table(SANDBOXES)?;
         txn.commit()?;
         Ok(())
     }

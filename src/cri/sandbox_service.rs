@@ -1,0 +1,103 @@
+//! CRI pod sandbox calls: RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus,
+//! ListPodSandbox.
+
+use k8s_cri::v1 as cri;
+use tonic::Status;
+
+use crate::runtime::sandbox::{SandboxError, SandboxManager, SandboxRecord, SandboxState};
+
+impl From<SandboxError> for Status {
+    fn from(e: SandboxError) -> Self {
+        let msg = e.to_string();
+        match e {
+            SandboxError::InvalidArgument(_) => Status::invalid_argument(msg),
+            SandboxError::NotFound(_) => Status::not_found(msg),
+            SandboxError::NameInUse { .. } => Status::already_exists(msg),
+            SandboxError::Internal(_) => Status::internal(msg),
+        }
+    }
+}
+
+fn state(rec: &SandboxRecord) -> i32 {
+    match rec.state {
+        SandboxState::Ready => cri::PodSandboxState::SandboxReady as i32,
+        SandboxState::Creating | SandboxState::NotReady => {
+            cri::PodSandboxState::SandboxNotready as i32
+        }
+    }
+}
+
+/// PodSandboxStatus for one record.
+pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusResponse {
+    let config = rec.config();
+    let ns = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone());
+    let mut info = std::collections::HashMap::new();
+    if verbose {
+        info.insert(
+            "info".to_string(),
+            serde_json::json!({
+                "id": rec.id,
+                "name": rec.name,
+                "state": format!("{:?}", rec.state),
+                "netns": rec.net_ns,
+                "ipcns": rec.ipc_ns,
+                "utsns": rec.uts_ns,
+                "shm": rec.shm,
+                "hostname": rec.file("hostname"),
+                "hosts": rec.file("hosts"),
+                "resolvConf": rec.file("resolv.conf"),
+                "cgroupParent": rec.cgroup_parent,
+                "runtimeHandler": rec.runtime_handler,
+            })
+            .to_string(),
+        );
+    }
+    cri::PodSandboxStatusResponse {
+        status: Some(cri::PodSandboxStatus {
+            id: rec.id.clone(),
+            metadata: config.metadata.clone(),
+            state: state(rec),
+            created_at: rec.created_at,
+            network: Some(cri::PodSandboxNetworkStatus::default()),
+            linux: Some(cri::LinuxPodSandboxStatus {
+                namespaces: Some(cri::Namespace { options: ns }),
+            }),
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            runtime_handler: rec.runtime_handler.clone(),
+        }),
+        info,
+        containers_statuses: Vec::new(),
+        timestamp: crate::util::unix_nanos_now(),
+    }
+}
+
+/// ListPodSandbox.
+pub fn list(
+    manager: &SandboxManager,
+    filter: Option<&cri::PodSandboxFilter>,
+) -> Result<cri::ListPodSandboxResponse, Status> {
+    let items = manager
+        .list()?
+        .into_iter()
+        .filter(|r| r.state != SandboxState::Creating)
+        .filter(|r| filter.is_none_or(|f| SandboxManager::matches(r, f)))
+        .map(|r| {
+            let config = r.config();
+            cri::PodSandbox {
+                id: r.id.clone(),
+                metadata: config.metadata,
+                state: state(&r),
+                created_at: r.created_at,
+                labels: config.labels,
+                annotations: config.annotations,
+                runtime_handler: r.runtime_handler.clone(),
+            }
+        })
+        .collect();
+    Ok(cri::ListPodSandboxResponse { items })
+}

@@ -1,0 +1,180 @@
+//! cgroupfs layout: where the hierarchies are (v1, hybrid or pure v2), and pod cgroup dirs.
+
+use std::path::{Path, PathBuf};
+
+/// The mounted cgroup hierarchies Berth manages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Pure cgroup v2 at this mount point.
+    V2(PathBuf),
+    /// cgroup v1: one mount point per hierarchy (hybrid hosts also have a cgroup2 mount,
+    /// which Berth leaves alone, as libcontainer does).
+    V1(Vec<PathBuf>),
+}
+
+impl Layout {
+    /// Reads `/proc/self/mountinfo`.
+    pub fn detect() -> std::io::Result<Self> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+        Ok(Self::from_mountinfo(&text))
+    }
+
+    /// Parses mountinfo text.
+    pub fn from_mountinfo(text: &str) -> Self {
+        let mut v1 = Vec::new();
+        let mut v2 = None;
+        for line in text.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mount_point = pre.split(' ').nth(4).unwrap_or_default();
+            let fstype = post.split(' ').next().unwrap_or_default();
+            match fstype {
+                "cgroup" => v1.push(PathBuf::from(mount_point)),
+                "cgroup2" => v2 = v2.or(Some(PathBuf::from(mount_point))),
+                _ => {}
+            }
+        }
+        match (v1.is_empty(), v2) {
+            (true, Some(p)) => Self::V2(p),
+            _ => {
+                v1.sort();
+                v1.dedup();
+                Self::V1(v1)
+            }
+        }
+    }
+
+    /// Whether this is pure cgroup v2.
+    pub fn is_v2(&self) -> bool {
+        matches!(self, Self::V2(_))
+    }
+
+    /// The directories `cgroup_path` (e.g. `/kubepods/burstable/pod<uid>`) maps to.
+    pub fn dirs(&self, cgroup_path: &str) -> Vec<PathBuf> {
+        let rel = cgroup_path.trim_start_matches('/');
+        match self {
+            Self::V2(root) => vec![root.join(rel)],
+            Self::V1(roots) => roots.iter().map(|r| r.join(rel)).collect(),
+        }
+    }
+}
+
+/// Checks a cgroup path from a request: absolute-ish, no `..`.
+pub fn validate_path(cgroup_path: &str) -> Result<(), String> {
+    if cgroup_path
+        .split('/')
+        .any(|c| c == ".." || c == "." || c.contains('\0'))
+    {
+        return Err(format!(
+            "cgroup path {cgroup_path:?} must not contain . or .."
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the missing directories of `cgroup_path` in every hierarchy; returns those it made
+/// (deepest last), so they can be removed again.
+pub fn ensure(layout: &Layout, cgroup_path: &str) -> std::io::Result<Vec<PathBuf>> {
+    let mut created = Vec::new();
+    for dir in layout.dirs(cgroup_path) {
+        let mut missing = Vec::new();
+        let mut cur: &Path = &dir;
+        while !cur.exists() {
+            missing.push(cur.to_owned());
+            match cur.parent() {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+        for d in missing.into_iter().rev() {
+            match std::fs::create_dir(&d) {
+                Ok(()) => created.push(d),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    remove(&created);
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("creating cgroup {}: {e}", d.display()),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Removes cgroup directories Berth created (deepest first); busy or absent ones are left.
+pub fn remove(created: &[PathBuf]) {
+    let mut dirs: Vec<&PathBuf> = created.iter().collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for d in dirs {
+        match std::fs::remove_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(cgroup = %d.display(), error = %e, "removing cgroup"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+25 24 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+27 25 0:24 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu
+28 25 0:25 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+";
+    const PURE_V2: &str = "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
+
+    #[test]
+    fn layouts_are_detected() {
+        let l = Layout::from_mountinfo(HYBRID);
+        assert_eq!(
+            l,
+            Layout::V1(vec![
+                "/sys/fs/cgroup/cpu".into(),
+                "/sys/fs/cgroup/memory".into()
+            ])
+        );
+        assert_eq!(
+            l.dirs("/kubepods/pod1"),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/cpu/kubepods/pod1"),
+                PathBuf::from("/sys/fs/cgroup/memory/kubepods/pod1")
+            ]
+        );
+        let l = Layout::from_mountinfo(PURE_V2);
+        assert!(l.is_v2());
+        assert_eq!(l.dirs("a/b"), vec![PathBuf::from("/sys/fs/cgroup/a/b")]);
+    }
+
+    #[test]
+    fn dotdot_paths_are_refused() {
+        assert!(validate_path("/kubepods/../../etc").is_err());
+        assert!(validate_path("/kubepods/burstable/pod1").is_ok());
+    }
+
+    #[test]
+    fn ensure_creates_only_whats_missing_and_remove_undoes_it() {
+        let root = std::env::temp_dir().join(format!("berth-cg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("a/kubepods")).expect("mkdir");
+        let layout = Layout::V1(vec![root.join("a"), root.join("b")]);
+        let created = ensure(&layout, "/kubepods/pod1").expect("ensure");
+        assert_eq!(
+            created,
+            vec![
+                root.join("a/kubepods/pod1"),
+                root.join("b/kubepods"),
+                root.join("b/kubepods/pod1")
+            ]
+        );
+        remove(&created);
+        assert!(root.join("a/kubepods").exists(), "pre-existing dirs stay");
+        assert!(!root.join("b/kubepods").exists());
+        let _ = std::fs::remove_dir_all(root);
+    }
+}

@@ -1,0 +1,443 @@
+//! Pod sandboxes: their records, namespaces, files, cgroup and life cycle.
+//!
+//! Restart invariants (see [`SandboxManager::open`]): a record in state `Creating` belongs to a
+//! RunPodSandbox that did not finish; everything it may have made (pinned namespaces, shm
+//! mount, files, cgroups) is removed with the record. A `Ready` sandbox whose pinned network
+//! namespace vanished (a reboot emptied the state dir) is reported `NotReady`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_cri::v1 as cri;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use super::cgroups::{self, Layout};
+use super::names::{self, NameRegistry, Reservation};
+use super::pin::{self, PinRequest};
+use super::sandbox_files;
+use crate::store::{SANDBOXES, Store};
+
+/// Why a sandbox operation failed; each maps to one gRPC code in `cri/`.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Bad request.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such sandbox.
+    #[error("pod sandbox {0} not found")]
+    NotFound(String),
+    /// The name is held by a different sandbox.
+    #[error("pod sandbox name {name} is already in use by sandbox {id}")]
+    NameInUse { name: String, id: String },
+    /// Host trouble.
+    #[error("{0}")]
+    Internal(String),
+}
+
+fn internal(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> SandboxError {
+    move |e| SandboxError::Internal(format!("{context}: {e}"))
+}
+
+/// Life-cycle state of a sandbox.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SandboxState {
+    /// RunPodSandbox is in progress (or crashed half-way).
+    Creating,
+    /// Namespaces up.
+    Ready,
+    /// Stopped (network torn down); files kept until removal.
+    NotReady,
+}
+
+/// A sandbox as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// `name_namespace_uid_attempt`, the reserved name.
+    pub name: String,
+    pub state: SandboxState,
+    pub created_at: i64,
+    pub runtime_handler: String,
+    /// The PodSandboxConfig, protobuf-encoded, as hex.
+    pub config_hex: String,
+    /// Fingerprint of the RunPodSandbox request (for retries), as hex.
+    pub fingerprint_hex: String,
+    /// Directory of the pod's files.
+    pub dir: PathBuf,
+    pub net_ns: Option<PathBuf>,
+    pub ipc_ns: Option<PathBuf>,
+    pub uts_ns: Option<PathBuf>,
+    /// The pod's /dev/shm (a tmpfs) unless it shares the host's IPC.
+    pub shm: Option<PathBuf>,
+    pub cgroup_parent: String,
+    /// cgroup directories Berth created for the pod (removed with it).
+    pub created_cgroups: Vec<PathBuf>,
+}
+
+impl SandboxRecord {
+    /// The decoded config.
+    pub fn config(&self) -> cri::PodSandboxConfig {
+        hex::decode(&self.config_hex)
+            .ok()
+            .and_then(|b| cri::PodSandboxConfig::decode(b.as_slice()).ok())
+            .unwrap_or_default()
+    }
+
+    fn pins(&self, net: bool, rest: bool) -> PinRequest {
+        PinRequest {
+            net: if net { self.net_ns.clone() } else { None },
+            ipc: if rest { self.ipc_ns.clone() } else { None },
+            uts: if rest { self.uts_ns.clone() } else { None },
+            ..Default::default()
+        }
+    }
+
+    /// Path of the pod's hostname, hosts and resolv.conf files.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// Runs and tracks sandboxes.
+pub struct SandboxManager {
+    store: Store,
+    state_dir: PathBuf,
+    exe: PathBuf,
+    layout: Layout,
+    names: NameRegistry,
+    /// Serialises state changes (cheap operations).
+    lock: tokio::sync::Mutex<()>,
+}
+
+fn namespace_mode(config: &cri::PodSandboxConfig) -> cri::NamespaceOption {
+    config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default()
+}
+
+impl SandboxManager {
+    /// Loads sandboxes and repairs what a crash left (see the module doc).
+    pub fn open(store: Store, state_dir: &Path) -> Result<Arc<Self>, SandboxError> {
+        let exe = std::env::current_exe().map_err(internal("finding berthd's own path"))?;
+        let layout = Layout::detect().map_err(internal("reading cgroup mounts"))?;
+        let manager = Arc::new(Self {
+            store,
+            state_dir: state_dir.to_owned(),
+            exe,
+            layout,
+            names: NameRegistry::new(),
+            lock: tokio::sync::Mutex::new(()),
+        });
+        for mut rec in manager.records()? {
+            match rec.state {
+                SandboxState::Creating => {
+                    tracing::info!(sandbox = %rec.id, "rolling back a sandbox that was half created");
+                    manager.teardown(&rec);
+                    manager.delete(&rec.id)?;
+                    continue;
+                }
+                SandboxState::Ready if rec.net_ns.as_ref().is_some_and(|p| !p.exists()) => {
+                    tracing::warn!(sandbox = %rec.id, "network namespace is gone: marking NotReady");
+                    rec.state = SandboxState::NotReady;
+                    manager.save(&rec)?;
+                }
+                _ => {}
+            }
+            let mut fp = [0u8; 32];
+            if let Ok(b) = hex::decode(&rec.fingerprint_hex)
+                && b.len() == 32
+            {
+                fp.copy_from_slice(&b);
+            }
+            manager.names.restore(&rec.name, &rec.id, fp);
+        }
+        Ok(manager)
+    }
+
+    fn records(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
+        self.store
+            .list_records(SANDBOXES)
+            .map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+
+    fn save(&self, rec: &SandboxRecord) -> Result<(), SandboxError> {
+        self.store
+            .put_record(SANDBOXES, &rec.id, rec)
+            .map_err(|e| SandboxError::Internal(format!("saving sandbox {}: {e}", rec.id)))
+    }
+
+    fn delete(&self, id: &str) -> Result<(), SandboxError> {
+        self.store
+            .delete_record(SANDBOXES, id)
+            .map_err(|e| SandboxError::Internal(format!("deleting sandbox {id}: {e}")))
+    }
+
+    /// The sandbox with id `id` or a unique prefix of it.
+    pub fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
+        if id.is_empty() {
+            return Err(SandboxError::InvalidArgument(
+                "pod sandbox id is empty".into(),
+            ));
+        }
+        if let Some(rec) = self
+            .store
+            .get_record::<SandboxRecord>(SANDBOXES, id)
+            .map_err(|e| SandboxError::Internal(e.to_string()))?
+        {
+            return Ok(rec);
+        }
+        let mut matches: Vec<SandboxRecord> = self
+            .records()?
+            .into_iter()
+            .filter(|r| r.id.starts_with(id))
+            .collect();
+        match matches.len() {
+            1 => Ok(matches.remove(0)),
+            _ => Err(SandboxError::NotFound(id.to_string())),
+        }
+    }
+
+    /// Every sandbox (Creating ones included).
+    pub fn list(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
+        self.records()
+    }
+
+    /// RunPodSandbox: returns the id (the first call's id for a retried request).
+    pub async fn run(&self, req: &cri::RunPodSandboxRequest) -> Result<String, SandboxError> {
+        let config = req.config.as_ref().ok_or_else(|| {
+            SandboxError::InvalidArgument("RunPodSandbox: config is missing".into())
+        })?;
+        let meta = config.metadata.as_ref().ok_or_else(|| {
+            SandboxError::InvalidArgument("RunPodSandbox: config.metadata is missing".into())
+        })?;
+        for (field, value) in [
+            ("name", &meta.name),
+            ("uid", &meta.uid),
+            ("namespace", &meta.namespace),
+        ] {
+            if value.is_empty() {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "RunPodSandbox: metadata.{field} is empty"
+                )));
+            }
+        }
+        if !matches!(req.runtime_handler.as_str(), "" | "berth" | "runc") {
+            return Err(SandboxError::InvalidArgument(format!(
+                "RunPodSandbox: unknown runtime handler {:?} (Berth has the default handler only)",
+                req.runtime_handler
+            )));
+        }
+        let cgroup_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.clone())
+            .unwrap_or_default();
+        cgroups::validate_path(&cgroup_parent).map_err(SandboxError::InvalidArgument)?;
+        let name = format!(
+            "{}_{}_{}_{}",
+            meta.name, meta.namespace, meta.uid, meta.attempt
+        );
+        let fingerprint = names::fingerprint(req);
+        let id = crate::util::random_hex(32);
+        let ticket = match self.names.reserve(&name, fingerprint, &id).await {
+            Reservation::Existing(id) => {
+                tracing::info!(sandbox = %id, name = %name, "retried RunPodSandbox: returning the first call's sandbox");
+                return Ok(id);
+            }
+            Reservation::Conflict { id } => return Err(SandboxError::NameInUse { name, id }),
+            Reservation::New(t) => t,
+        };
+        let ns = namespace_mode(config);
+        let host_net = ns.network == cri::NamespaceMode::Node as i32;
+        let host_ipc = ns.ipc == cri::NamespaceMode::Node as i32;
+        let dir = self.state_dir.join("sandboxes").join(&id);
+        let mut rec = SandboxRecord {
+            id: id.clone(),
+            name,
+            state: SandboxState::Creating,
+            created_at: crate::util::unix_nanos_now(),
+            runtime_handler: req.runtime_handler.clone(),
+            config_hex: hex::encode(config.encode_to_vec()),
+            fingerprint_hex: hex::encode(fingerprint),
+            net_ns: (!host_net).then(|| dir.join("netns")),
+            ipc_ns: (!host_ipc).then(|| dir.join("ipcns")),
+            // The UTS namespace follows the network's, as in Kubernetes.
+            uts_ns: (!host_net).then(|| dir.join("utsns")),
+            shm: (!host_ipc).then(|| dir.join("shm")),
+            dir,
+            cgroup_parent,
+            created_cgroups: Vec::new(),
+        };
+        let _guard = self.lock.lock().await;
+        self.save(&rec)?;
+        match self.build(&mut rec, config, host_net).await {
+            Ok(()) => {
+                rec.state = SandboxState::Ready;
+                if let Err(e) = self.save(&rec) {
+                    self.teardown(&rec);
+                    let _ = self.delete(&rec.id);
+                    return Err(e);
+                }
+                ticket.created();
+                tracing::info!(sandbox = %rec.id, name = %rec.name, "pod sandbox ready");
+                Ok(rec.id)
+            }
+            Err(e) => {
+                self.teardown(&rec);
+                let _ = self.delete(&rec.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes everything a sandbox owns; the caller undoes it on error.
+    async fn build(
+        &self,
+        rec: &mut SandboxRecord,
+        config: &cri::PodSandboxConfig,
+        host_net: bool,
+    ) -> Result<(), SandboxError> {
+        std::fs::create_dir_all(&rec.dir)
+            .map_err(internal(format!("creating {}", rec.dir.display())))?;
+        let hostname = if host_net {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        } else if config.hostname.is_empty() {
+            config
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default()
+        } else {
+            config.hostname.clone()
+        };
+        let write = |name: &str, content: String| {
+            sandbox_files::write_file(&rec.file(name), &content)
+                .map_err(internal(format!("writing {}", rec.file(name).display())))
+        };
+        write("hostname", format!("{hostname}\n"))?;
+        write(
+            "hosts",
+            sandbox_files::hosts(host_net, &hostname).map_err(internal("reading /etc/hosts"))?,
+        )?;
+        write(
+            "resolv.conf",
+            sandbox_files::resolv_conf(config.dns_config.as_ref())
+                .map_err(internal("reading /etc/resolv.conf"))?,
+        )?;
+        if let Some(shm) = &rec.shm {
+            sandbox_files::mount_shm(shm).map_err(internal("pod /dev/shm"))?;
+        }
+        let sysctls: Vec<(String, String)> = config
+            .linux
+            .as_ref()
+            .map(|l| {
+                let mut v: Vec<_> = l
+                    .sysctls
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default();
+        let pins = PinRequest {
+            net: rec.net_ns.clone(),
+            ipc: rec.ipc_ns.clone(),
+            uts: rec.uts_ns.clone(),
+            hostname: rec.uts_ns.as_ref().map(|_| hostname.clone()),
+            sysctls,
+        };
+        if pins.net.is_some() || pins.ipc.is_some() || pins.uts.is_some() {
+            pin::pin(&self.exe, &pins).await.map_err(|e| match e {
+                pin::PinError::SysctlInvalid(_) | pin::PinError::SysctlNotAllowed(_) => {
+                    SandboxError::InvalidArgument(format!("RunPodSandbox: {e}"))
+                }
+                e => SandboxError::Internal(e.to_string()),
+            })?;
+        } else if !pins.sysctls.is_empty() {
+            return Err(SandboxError::InvalidArgument(format!(
+                "RunPodSandbox: sysctl {} needs a pod namespace, but the pod uses the host's",
+                pins.sysctls[0].0
+            )));
+        }
+        if !rec.cgroup_parent.is_empty() {
+            rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
+                .map_err(internal("creating the pod cgroup"))?;
+            self.save(rec)?;
+        }
+        Ok(())
+    }
+
+    /// Removes everything a sandbox owns on the host (not its record). Idempotent.
+    fn teardown(&self, rec: &SandboxRecord) {
+        pin::unpin(&rec.pins(true, true));
+        if let Some(shm) = &rec.shm {
+            sandbox_files::unmount_shm(shm);
+        }
+        if rec.dir.starts_with(self.state_dir.join("sandboxes"))
+            && let Err(e) = std::fs::remove_dir_all(&rec.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(sandbox = %rec.id, error = %e, "removing sandbox dir");
+        }
+        cgroups::remove(&rec.created_cgroups);
+    }
+
+    /// StopPodSandbox: tears down the network; unknown or stopped sandboxes are fine.
+    pub async fn stop(&self, id: &str) -> Result<(), SandboxError> {
+        let _guard = self.lock.lock().await;
+        let mut rec = match self.get(id) {
+            Ok(r) => r,
+            Err(SandboxError::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if rec.state == SandboxState::Ready {
+            pin::unpin(&rec.pins(true, false));
+            rec.state = SandboxState::NotReady;
+            self.save(&rec)?;
+            tracing::info!(sandbox = %rec.id, "pod sandbox stopped");
+        }
+        Ok(())
+    }
+
+    /// RemovePodSandbox: stops it if needed and removes everything; unknown is fine.
+    pub async fn remove(&self, id: &str) -> Result<(), SandboxError> {
+        let _guard = self.lock.lock().await;
+        let rec = match self.get(id) {
+            Ok(r) => r,
+            Err(SandboxError::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.teardown(&rec);
+        self.delete(&rec.id)?;
+        self.names.release(&rec.name, &rec.id);
+        tracing::info!(sandbox = %rec.id, "pod sandbox removed");
+        Ok(())
+    }
+
+    /// Labels and state for list filters.
+    pub fn matches(rec: &SandboxRecord, filter: &cri::PodSandboxFilter) -> bool {
+        if !filter.id.is_empty() && !rec.id.starts_with(&filter.id) {
+            return false;
+        }
+        if let Some(state) = &filter.state {
+            let want_ready = state.state == cri::PodSandboxState::SandboxReady as i32;
+            if (rec.state == SandboxState::Ready) != want_ready {
+                return false;
+            }
+        }
+        let labels: HashMap<String, String> = rec.config().labels;
+        filter
+            .label_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
