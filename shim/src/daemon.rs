@@ -14,13 +14,24 @@ pub struct Reporter(File);
 
 impl Reporter {
     /// Create succeeded: the caller's invocation exits 0.
-    pub fn success(mut self) {
-        let _ = self.0.write_all(b"\0");
+    pub fn success(self) {
+        self.send(0, "");
     }
 
     /// Create failed: the caller's invocation prints `msg` and exits 1.
-    pub fn failure(mut self, msg: &str) {
-        let _ = self.0.write_all(format!("\x01{msg}").as_bytes());
+    pub fn failure(self, msg: &str) {
+        self.send(1, msg);
+    }
+
+    /// One message: status byte, u32 big-endian length, text. The caller reads exactly this
+    /// much and does not wait for EOF: the container's init, forked by libcontainer and not
+    /// yet exec'd, holds a copy of the pipe until it is started.
+    fn send(mut self, status: u8, msg: &str) {
+        let len = u32::try_from(msg.len()).unwrap_or(0);
+        let mut buf = vec![status];
+        buf.extend_from_slice(&len.to_be_bytes());
+        buf.extend_from_slice(&msg.as_bytes()[..len as usize]);
+        let _ = self.0.write_all(&buf);
     }
 }
 
@@ -57,19 +68,20 @@ pub fn detach() -> Result<Reporter, ShimError> {
 
 /// In the caller's process: the exit code from the status pipe.
 fn wait_report(r: OwnedFd) -> i32 {
-    let mut buf = Vec::new();
-    let _ = File::from(r).read_to_end(&mut buf);
-    match buf.split_first() {
-        Some((0, _)) => 0,
-        Some((_, msg)) => {
-            eprintln!("berth-shim: {}", String::from_utf8_lossy(msg));
-            1
-        }
-        None => {
-            eprintln!("berth-shim: the shim died before reporting the create result");
-            1
-        }
+    let mut f = File::from(r);
+    let mut head = [0u8; 5];
+    if f.read_exact(&mut head).is_err() {
+        eprintln!("berth-shim: the shim died before reporting the create result");
+        return 1;
     }
+    if head[0] == 0 {
+        return 0;
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut msg = vec![0u8; len];
+    let _ = f.read_exact(&mut msg);
+    eprintln!("berth-shim: {}", String::from_utf8_lossy(&msg));
+    1
 }
 
 /// Points stdin, stdout and stderr at /dev/null (the caller may be reading them to EOF).

@@ -18,6 +18,10 @@ use container::{Ctr, Stdio};
 use error::{IoContext, ShimError};
 
 fn main() {
+    // Inherited descriptors would leak into the container's processes and keep the caller's
+    // pipes open: keep only stdin, stdout and stderr.
+    // SAFETY: close_range takes integers only; nothing in this process owns fds >= 3 yet.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     let args = match Args::parse(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {

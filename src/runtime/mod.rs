@@ -5,3 +5,6 @@ pub mod names;
 pub mod pin;
 pub mod sandbox;
 pub mod sandbox_files;
+pub mod spec;
+pub mod spec_seccomp;
+pub mod spec_user;
