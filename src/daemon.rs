@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::cri::{self, ImageApi, RuntimeApi};
 use crate::image::ImageManager;
+use crate::runtime::container_create::ContainerCreator;
 use crate::runtime::sandbox::SandboxManager;
 use crate::store::Store;
 
@@ -20,6 +21,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
     let sandboxes =
         SandboxManager::open(store, &config.state_dir).context("loading pod sandboxes")?;
+    let creator = Arc::new(ContainerCreator::new(
+        images.clone(),
+        sandboxes.clone(),
+        &config.root,
+    ));
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -38,7 +44,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cri::serve(
         lock,
         &config.socket,
-        RuntimeApi::new(images.clone(), sandboxes),
+        RuntimeApi::new(images.clone(), sandboxes.clone(), creator),
         ImageApi::new(images),
         shutdown,
     )

@@ -1,6 +1,6 @@
 //! The shim API messages generated from proto/shim.proto, and their wire framing.
 
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
@@ -14,20 +14,20 @@ pub mod pb {
 /// The largest frame accepted.
 pub const MAX_FRAME: usize = 16 << 20;
 
-/// Reads one length-prefixed (u32 big-endian) frame.
-pub fn read_frame(s: &mut UnixStream) -> io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let len = u32::from_be_bytes(len) as usize;
+/// The body of the first complete length-prefixed (u32 big-endian) frame in `buf`:
+/// `Ok(None)` while more bytes are needed, an error for an oversized frame.
+pub fn split_frame(buf: &[u8]) -> io::Result<Option<&[u8]>> {
+    let Some(head) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
     if len > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("frame of {len} bytes exceeds {MAX_FRAME}"),
         ));
     }
-    let mut buf = vec![0u8; len];
-    s.read_exact(&mut buf)?;
-    Ok(buf)
+    Ok(buf.get(4..4 + len))
 }
 
 /// Writes one frame; never raises SIGPIPE (the shim keeps SIGPIPE's default action so that
@@ -47,4 +47,19 @@ pub fn write_frame(s: &UnixStream, body: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_only_when_complete() -> io::Result<()> {
+        assert_eq!(split_frame(b"\0\0")?, None);
+        assert_eq!(split_frame(b"\0\0\0\x03ab")?, None);
+        assert_eq!(split_frame(b"\0\0\0\x03abcX")?, Some(&b"abc"[..]));
+        assert_eq!(split_frame(b"\0\0\0\0")?, Some(&b""[..]));
+        assert!(split_frame(b"\xff\xff\xff\xff").is_err());
+        Ok(())
+    }
 }

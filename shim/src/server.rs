@@ -1,7 +1,7 @@
 //! The event loop: serves the shim API, copies container output to the log, reaps children.
 
 use std::fs;
-use std::io::{self, ErrorKind};
+use std::io::{self, ErrorKind, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -41,6 +41,13 @@ enum Init {
     Stopped(ExitInfo),
 }
 
+/// A connection whose request frame has not fully arrived yet.
+struct Incoming {
+    conn: UnixStream,
+    buf: Vec<u8>,
+    deadline: Instant,
+}
+
 /// A pending Wait call.
 struct Waiter {
     conn: UnixStream,
@@ -68,6 +75,7 @@ pub struct Shim {
     /// The write end of the container's stdin, held open for the container's lifetime.
     _stdin: Option<OwnedFd>,
     init: Init,
+    incoming: Vec<Incoming>,
     waiters: Vec<Waiter>,
     execs: Vec<Exec>,
     exit_requested: bool,
@@ -77,6 +85,7 @@ pub struct Shim {
 #[derive(Clone, Copy)]
 enum Slot {
     Listener,
+    Incoming,
     Out(usize),
     Init,
     ExecPid,
@@ -219,6 +228,7 @@ impl Shim {
             ],
             _stdin: stdin,
             init: Init::Created { pid, pidfd },
+            incoming: Vec::new(),
             waiters: Vec::new(),
             execs: Vec::new(),
             exit_requested: false,
@@ -239,6 +249,9 @@ impl Shim {
                 slots.push(slot);
             };
             add(self.listener.as_raw_fd(), Slot::Listener);
+            for c in &self.incoming {
+                add(c.conn.as_raw_fd(), Slot::Incoming);
+            }
             for (i, p) in self.outs.iter().enumerate() {
                 if let Some(p) = p {
                     add(p.fd.as_raw_fd(), Slot::Out(i));
@@ -268,12 +281,14 @@ impl Shim {
                 continue;
             }
             let mut exec_done = false;
+            let mut incoming_ready = false;
             for (pfd, slot) in fds.iter().zip(&slots) {
                 if pfd.revents == 0 {
                     continue;
                 }
                 match *slot {
                     Slot::Listener => self.accept_all(),
+                    Slot::Incoming => incoming_ready = true,
                     Slot::Out(i) => self.pump_output(i),
                     Slot::Init => self.check_init(),
                     Slot::ExecOut(i, j) => self.pump_exec(i, j),
@@ -282,6 +297,9 @@ impl Shim {
                 if self.exit_requested {
                     break;
                 }
+            }
+            if incoming_ready && !self.exit_requested {
+                self.read_incoming();
             }
             if exec_done {
                 self.check_execs();
@@ -298,6 +316,7 @@ impl Shim {
             .waiters
             .iter()
             .filter_map(|w| w.deadline)
+            .chain(self.incoming.iter().map(|c| c.deadline))
             .chain(self.execs.iter().filter(|e| !e.timed_out).filter_map(|e| e.deadline));
         deadlines
             .map(|d| d.saturating_duration_since(now) + Duration::from_millis(1))
@@ -408,6 +427,8 @@ impl Shim {
             .drain(..)
             .partition(|w| w.deadline.is_some_and(|d| d <= now));
         self.waiters = kept;
+        // Clients too slow to send their request are dropped.
+        self.incoming.retain(|c| c.deadline > now);
         for w in expired {
             respond(
                 &w.conn,
@@ -445,7 +466,17 @@ impl Shim {
     fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((conn, _)) => self.handle(conn),
+                Ok((conn, _)) => {
+                    if let Err(e) = conn.set_nonblocking(true) {
+                        tracing::warn!("connection non-blocking: {e}");
+                        continue;
+                    }
+                    self.incoming.push(Incoming {
+                        conn,
+                        buf: Vec::new(),
+                        deadline: Instant::now() + REQUEST_TIMEOUT,
+                    });
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -453,22 +484,52 @@ impl Shim {
                     return;
                 }
             }
-            if self.exit_requested {
-                return;
+        }
+    }
+
+    /// Reads what has arrived on pending connections; handles each complete request.
+    fn read_incoming(&mut self) {
+        let mut i = 0;
+        while i < self.incoming.len() && !self.exit_requested {
+            let c = &mut self.incoming[i];
+            let mut chunk = [0u8; 4096];
+            let mut closed = false;
+            loop {
+                match c.conn.read(&mut chunk) {
+                    Ok(0) => {
+                        closed = true;
+                        break;
+                    }
+                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                }
+                if c.buf.len() > proto::MAX_FRAME + 4 {
+                    closed = true;
+                    break;
+                }
+            }
+            match proto::split_frame(&c.buf) {
+                Ok(Some(body)) => {
+                    let req = pb::Request::decode(body);
+                    let c = self.incoming.swap_remove(i);
+                    if c.conn.set_nonblocking(false).is_ok() {
+                        self.handle(c.conn, req);
+                    }
+                }
+                Ok(None) if !closed => i += 1,
+                _ => {
+                    self.incoming.swap_remove(i);
+                }
             }
         }
     }
 
-    fn handle(&mut self, mut conn: UnixStream) {
-        let _ = conn.set_nonblocking(false);
-        let _ = conn.set_read_timeout(Some(REQUEST_TIMEOUT));
-        let req = match proto::read_frame(&mut conn) {
-            Ok(body) => pb::Request::decode(body.as_slice()),
-            Err(e) => {
-                tracing::debug!("read request: {e}");
-                return;
-            }
-        };
+    fn handle(&mut self, conn: UnixStream, req: Result<pb::Request, prost::DecodeError>) {
         use pb::request::Request as R;
         use pb::response::Result as W;
         let result = match req.map(|r| r.request) {

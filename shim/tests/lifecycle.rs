@@ -56,6 +56,10 @@ fn unique() -> String {
 impl Fixture {
     /// A bundle whose init runs `args`.
     fn new(args: &[&str]) -> Self {
+        let t0 = Instant::now();
+        struct T(Instant);
+        impl Drop for T { fn drop(&mut self) { eprintln!("NEWTIME {:?}", self.0.elapsed()); } }
+        let _t = T(t0);
         let u = unique();
         let dir = std::env::temp_dir().join(format!("berth-shim-test-{u}"));
         let f = Self {
@@ -150,10 +154,9 @@ impl Fixture {
             .output()
             .unwrap();
         if out.status.success() {
-            let s = UnixStream::connect(self.socket()).unwrap();
-            let cred = getsockopt(&s, sockopt::PeerCredentials).unwrap();
-            self.shim_pid = Some(Pid::from_raw(cred.pid()));
-            if let Res::State(st) = self.call(Req::State(pb::StateRequest {})) {
+            let (r, pid) = self.try_call_peer(Req::State(pb::StateRequest {})).unwrap();
+            self.shim_pid = Some(pid);
+            if let Some(Res::State(st)) = r.result {
                 self.init_pid = Some(Pid::from_raw(st.pid as i32));
             }
         }
@@ -162,7 +165,9 @@ impl Fixture {
 
     /// Spawns and requires success.
     fn created(mut self) -> Self {
+        let t0 = Instant::now();
         let out = self.spawn();
+        eprintln!("SPAWNTIME {:?}", t0.elapsed());
         assert!(
             out.status.success(),
             "create failed: {}",
@@ -172,7 +177,13 @@ impl Fixture {
     }
 
     fn try_call(&self, req: Req) -> Result<pb::Response, Box<dyn std::error::Error>> {
+        Ok(self.try_call_peer(req)?.0)
+    }
+
+    /// Calls the shim; also returns the pid of the process serving the socket.
+    fn try_call_peer(&self, req: Req) -> Result<(pb::Response, Pid), Box<dyn std::error::Error>> {
         let mut s = UnixStream::connect(self.socket())?;
+        let peer = Pid::from_raw(getsockopt(&s, sockopt::PeerCredentials)?.pid());
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         let body = pb::Request { request: Some(req) }.encode_to_vec();
         let mut frame = (body.len() as u32).to_be_bytes().to_vec();
@@ -182,7 +193,7 @@ impl Fixture {
         s.read_exact(&mut len)?;
         let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
         s.read_exact(&mut buf)?;
-        Ok(pb::Response::decode(buf.as_slice())?)
+        Ok((pb::Response::decode(buf.as_slice())?, peer))
     }
 
     /// Calls the shim and requires success.
@@ -249,6 +260,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
+        let t0 = Instant::now();
         if self.shim_alive() {
             let _ = self.try_call(Req::Delete(pb::DeleteRequest {}));
             std::thread::sleep(Duration::from_millis(100));
@@ -268,12 +280,17 @@ impl Drop for Fixture {
                     }
                 }
                 let until = Instant::now() + Duration::from_secs(2);
-                while fs::remove_dir(&cg).is_err() && Instant::now() < until {
+                while let Err(e) = fs::remove_dir(&cg) {
+                    if Instant::now() >= until {
+                        eprintln!("cleanup: rmdir {}: {e}", cg.display());
+                        break;
+                    }
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
         }
         let _ = fs::remove_dir_all(&self.dir);
+        eprintln!("DROPTIME {:?}", t0.elapsed());
     }
 }
 

@@ -10,19 +10,42 @@ use std::sync::Arc;
 
 use super::{runtime_info, sandbox_service};
 use crate::image::ImageManager;
+use crate::runtime::container_create::{ContainerCreator, CreateError};
 use crate::runtime::sandbox::SandboxManager;
+
+impl From<CreateError> for Status {
+    fn from(e: CreateError) -> Self {
+        let msg = e.to_string();
+        match e {
+            CreateError::InvalidArgument(_) => Status::invalid_argument(msg),
+            CreateError::NotFound(_) => Status::not_found(msg),
+            CreateError::FailedPrecondition(_) => Status::failed_precondition(msg),
+            CreateError::Unimplemented(_) => Status::unimplemented(msg),
+            CreateError::Internal(_) => Status::internal(msg),
+        }
+    }
+}
 
 /// The RuntimeService.
 #[derive(Clone)]
 pub struct RuntimeApi {
     images: ImageManager,
     sandboxes: Arc<SandboxManager>,
+    creator: Arc<ContainerCreator>,
 }
 
 impl RuntimeApi {
     /// A runtime service; `images` also feeds the verbose status (pulls in progress).
-    pub fn new(images: ImageManager, sandboxes: Arc<SandboxManager>) -> Self {
-        Self { images, sandboxes }
+    pub fn new(
+        images: ImageManager,
+        sandboxes: Arc<SandboxManager>,
+        creator: Arc<ContainerCreator>,
+    ) -> Self {
+        Self {
+            images,
+            sandboxes,
+            creator,
+        }
     }
 }
 
@@ -122,6 +145,14 @@ async fn list_pod_sandbox(
     )?))
 }
 
+async fn create_container(
+    &self,
+    request: Request<cri::CreateContainerRequest>,
+) -> Result<Response<cri::CreateContainerResponse>, Status> {
+    let container_id = self.creator.create(request.get_ref()).await?;
+    Ok(Response::new(cri::CreateContainerResponse { container_id }))
+}
+
 async fn runtime_config(
     &self,
     _request: Request<cri::RuntimeConfigRequest>,
@@ -150,7 +181,6 @@ async fn get_container_events(
 }
 
 }
-    create_container(CreateContainerRequest) -> CreateContainerResponse, "CreateContainer";
     start_container(StartContainerRequest) -> StartContainerResponse, "StartContainer";
     stop_container(StopContainerRequest) -> StopContainerResponse, "StopContainer";
     remove_container(RemoveContainerRequest) -> RemoveContainerResponse, "RemoveContainer";

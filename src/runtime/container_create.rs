@@ -1,0 +1,227 @@
+//! CreateContainer's preparation: checks the sandbox and image, mounts the rootfs from a
+//! snapshot of the image, generates and writes the OCI bundle; undoes all of it on failure.
+//!
+//! The container process itself is made by `berth-shim` (the shim crate); until berthd drives
+//! it, a request that passes every check is rolled back and answered Unimplemented, so bad
+//! requests already get their real errors and leave nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_cri::v1 as cri;
+
+use super::sandbox::{SandboxError, SandboxManager, SandboxState};
+use super::spec::{self, SandboxPaths, SpecError, SpecInput};
+use crate::image::ImageManager;
+
+/// Why CreateContainer failed; each maps to one gRPC code in `cri/`.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// Bad request.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Unknown sandbox or image.
+    #[error("{0}")]
+    NotFound(String),
+    /// The sandbox is not ready.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Not built yet.
+    #[error("{0}")]
+    Unimplemented(String),
+    /// Host trouble.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Prepares containers.
+pub struct ContainerCreator {
+    images: ImageManager,
+    sandboxes: Arc<SandboxManager>,
+    root: PathBuf,
+}
+
+/// Everything a prepared container holds on the host, removed by [`Prepared::undo`].
+struct Prepared {
+    snapshot: Option<String>,
+    rootfs_mounted: Option<PathBuf>,
+    bundle: Option<PathBuf>,
+}
+
+impl ContainerCreator {
+    /// A creator writing bundles under `<root>/containers`.
+    pub fn new(images: ImageManager, sandboxes: Arc<SandboxManager>, root: &Path) -> Self {
+        Self {
+            images,
+            sandboxes,
+            root: root.to_owned(),
+        }
+    }
+
+    /// CreateContainer, up to the shim.
+    pub async fn create(&self, req: &cri::CreateContainerRequest) -> Result<String, CreateError> {
+        let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
+            Ok(s) => s,
+            Err(SandboxError::NotFound(id)) => {
+                return Err(CreateError::NotFound(format!(
+                    "CreateContainer: pod sandbox {id} not found"
+                )));
+            }
+            Err(e) => {
+                return Err(CreateError::InvalidArgument(format!(
+                    "CreateContainer: {e}"
+                )));
+            }
+        };
+        if sandbox.state != SandboxState::Ready {
+            return Err(CreateError::FailedPrecondition(format!(
+                "CreateContainer: pod sandbox {} is not ready (stopped)",
+                sandbox.id
+            )));
+        }
+        let config = req.config.as_ref().ok_or_else(|| {
+            CreateError::InvalidArgument("CreateContainer: config is missing".into())
+        })?;
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.as_str())
+            .unwrap_or_default();
+        if name.is_empty() {
+            return Err(CreateError::InvalidArgument(
+                "CreateContainer: config.metadata.name is empty".into(),
+            ));
+        }
+        let image_ref = config
+            .image
+            .as_ref()
+            .map(|i| i.image.as_str())
+            .unwrap_or_default();
+        if image_ref.is_empty() {
+            return Err(CreateError::InvalidArgument(format!(
+                "CreateContainer {name}: config.image is empty"
+            )));
+        }
+        let image = self
+            .images
+            .status(image_ref)
+            .map_err(|e| CreateError::InvalidArgument(format!("CreateContainer {name}: {e}")))?
+            .ok_or_else(|| {
+                CreateError::NotFound(format!(
+                    "CreateContainer {name}: image {image_ref} not found"
+                ))
+            })?;
+        let id = crate::util::random_hex(32);
+        let mut prepared = Prepared {
+            snapshot: None,
+            rootfs_mounted: None,
+            bundle: None,
+        };
+        let result = self
+            .prepare(&id, &sandbox, req, config, &image.record, &mut prepared)
+            .await;
+        // Until the shim is driven from here, every path ends in a rollback.
+        prepared.undo(&self.images);
+        result?;
+        Err(CreateError::Unimplemented(format!(
+            "CreateContainer {name}: the request is valid, but starting containers through berth-shim is not wired into berthd yet"
+        )))
+    }
+
+    async fn prepare(
+        &self,
+        id: &str,
+        sandbox: &super::sandbox::SandboxRecord,
+        req: &cri::CreateContainerRequest,
+        config: &cri::ContainerConfig,
+        image: &crate::store::ImageRecord,
+        prepared: &mut Prepared,
+    ) -> Result<(), CreateError> {
+        let internal = |what: &str, e: &dyn std::fmt::Display| {
+            CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
+        };
+        let bundle = self.root.join("containers").join(id);
+        std::fs::create_dir_all(bundle.join("rootfs"))
+            .map_err(|e| internal("creating the bundle", &e))?;
+        prepared.bundle = Some(bundle.clone());
+        let snapshots = self.images.snapshotter();
+        let key = format!("container-{id}");
+        let parent = image.chain_ids.last().map(String::as_str);
+        let mounts = snapshots
+            .prepare(&key, parent, Default::default())
+            .map_err(|e| internal("preparing the rootfs snapshot", &e))?;
+        prepared.snapshot = Some(key);
+        let rootfs = bundle.join("rootfs");
+        for m in &mounts {
+            m.mount(&rootfs)
+                .map_err(|e| internal("mounting the rootfs", &e))?;
+            prepared.rootfs_mounted = Some(rootfs.clone());
+        }
+        let image_config = self
+            .images
+            .config_json(image)
+            .map(|v| spec::parse_image_config(&v))
+            .unwrap_or_default();
+        let sandbox_config = sandbox.config();
+        let paths = SandboxPaths {
+            hosts: Some(sandbox.file("hosts")),
+            resolv_conf: Some(sandbox.file("resolv.conf")),
+            hostname: Some(sandbox.file("hostname")),
+            shm: sandbox.shm.clone(),
+            net_ns: sandbox.net_ns.clone(),
+            ipc_ns: sandbox.ipc_ns.clone(),
+            uts_ns: sandbox.uts_ns.clone(),
+            pid_ns: None,
+            target_pid_ns: None,
+        };
+        let own_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let input = SpecInput {
+            container_id: id,
+            sandbox_id: &req.pod_sandbox_id,
+            config,
+            sandbox: &sandbox_config,
+            image: &image_config,
+            rootfs: &rootfs,
+            sandbox_paths: &paths,
+            cgroup_parent: &sandbox.cgroup_parent,
+            runtime_oom_score_adj: own_oom,
+            termination_message: None,
+        };
+        let (oci, _user) = spec::generate(&input).map_err(|e| match e {
+            e @ SpecError::InvalidArgument { .. } => {
+                CreateError::InvalidArgument(format!("CreateContainer: {e}"))
+            }
+            e @ SpecError::SandboxMissing(_) => {
+                CreateError::FailedPrecondition(format!("CreateContainer: {e}"))
+            }
+            e => internal("generating the OCI spec", &e),
+        })?;
+        oci.save(bundle.join("config.json"))
+            .map_err(|e| internal("writing config.json", &e))?;
+        Ok(())
+    }
+}
+
+impl Prepared {
+    /// Unmounts the rootfs, removes the snapshot and the bundle. Idempotent.
+    fn undo(&mut self, images: &ImageManager) {
+        if let Some(rootfs) = self.rootfs_mounted.take()
+            && let Err(e) = berth_snapshotter::unmount(&rootfs)
+        {
+            tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs");
+        }
+        if let Some(key) = self.snapshot.take()
+            && let Err(e) = images.snapshotter().remove(&key)
+        {
+            tracing::warn!(snapshot = %key, error = %e, "removing container snapshot");
+        }
+        if let Some(bundle) = self.bundle.take()
+            && let Err(e) = std::fs::remove_dir_all(&bundle)
+        {
+            tracing::warn!(bundle = %bundle.display(), error = %e, "removing bundle");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! CreateContainer's checks through a real berthd: each bad request gets its code and leaves no
+//! snapshot, mount or bundle behind.
+
+mod common;
+
+use common::*;
+use k8s_cri::v1 as cri;
+use tonic::Code;
+
+fn sandbox_config() -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "cc".into(),
+            uid: "uid-cc".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+fn container(image: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), "echo hi".into()],
+        // As the kubelet sends it: its own PID namespace, the pod's network and IPC.
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn create(
+    c: &berth::client::CriClient,
+    sandbox: &str,
+    config: cri::ContainerConfig,
+) -> tonic::Status {
+    c.runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config()),
+        })
+        .await
+        .expect_err("no container is created yet")
+}
+
+fn nothing_left(d: &Daemon, layers: usize) {
+    assert_eq!(
+        d.snapshot_dirs().len(),
+        layers,
+        "only the image's layers: {:?}",
+        d.snapshot_dirs()
+    );
+    let bundles: Vec<_> = std::fs::read_dir(d.root().join("containers"))
+        .map(|r| r.flatten().collect())
+        .unwrap_or_default();
+    assert!(bundles.is_empty(), "bundles left: {bundles:?}");
+    let root = d.root().to_string_lossy().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    assert!(
+        !mounts.contains(&format!("{root}/containers")),
+        "rootfs mount left"
+    );
+}
+
+#[tokio::test]
+async fn create_container_checks_its_input_and_leaves_nothing() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let layers = d.snapshot_dirs().len();
+    let sandbox = c
+        .runtime()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox_config()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("sandbox")
+        .into_inner()
+        .pod_sandbox_id;
+
+    let e = create(&c, "no-such-sandbox", container(&busybox)).await;
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains("no-such-sandbox"));
+
+    let missing = image("not-pulled");
+    let e = create(&c, &sandbox, container(&missing)).await;
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains(&missing), "{}", e.message());
+
+    let mut relative = container(&busybox);
+    relative.mounts.push(cri::Mount {
+        container_path: "data".into(),
+        host_path: "/tmp".into(),
+        ..Default::default()
+    });
+    let e = create(&c, &sandbox, relative).await;
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("container_path"), "{}", e.message());
+    nothing_left(&d, layers);
+
+    let mut seccomp = container(&busybox);
+    if let Some(sc) = seccomp
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+    {
+        sc.seccomp = Some(cri::SecurityProfile {
+            profile_type: cri::security_profile::ProfileType::Localhost as i32,
+            localhost_ref: "/nonexistent/profile.json".into(),
+        });
+    }
+    let e = create(&c, &sandbox, seccomp).await;
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("/nonexistent/profile.json"),
+        "{}",
+        e.message()
+    );
+    nothing_left(&d, layers);
+
+    // A valid request passes every check (the shim is not driven yet) and is rolled back.
+    let e = create(&c, &sandbox, container(&busybox)).await;
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    nothing_left(&d, layers);
+
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.clone(),
+        })
+        .await
+        .expect("stop");
+    let e = create(&c, &sandbox, container(&busybox)).await;
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    c.runtime()
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox,
+        })
+        .await
+        .expect("remove");
+    nothing_left(&d, layers);
+}
