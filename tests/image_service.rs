@@ -242,12 +242,44 @@ async fn version_speaks_v1_and_v1alpha2() {
         rc.linux.map(|l| l.cgroup_driver),
         Some(cri::CgroupDriver::Cgroupfs as i32)
     );
-    let err = c
+    // No containers exist yet: the list is empty, unknown ids are NotFound, and stop/remove
+    // of an unknown container succeed as the CRI requires.
+    let listed = c
         .runtime()
         .list_containers(cri::ListContainersRequest { filter: None })
         .await
-        .expect_err("not yet");
-    assert_eq!(err.code(), tonic::Code::Unimplemented);
+        .expect("list containers")
+        .into_inner();
+    assert!(listed.containers.is_empty());
+    let err = c
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: "ghost".into(),
+            verbose: false,
+        })
+        .await
+        .expect_err("unknown container");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains("ghost"));
+    c.runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: "ghost".into(),
+            timeout: 0,
+        })
+        .await
+        .expect("stop unknown");
+    c.runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: "ghost".into(),
+        })
+        .await
+        .expect("remove unknown");
+    let err = c
+        .runtime()
+        .exec(cri::ExecRequest::default())
+        .await
+        .expect_err("streaming is not built");
+    assert_eq!(err.code(), tonic::Code::NotFound);
 }
 
 #[tokio::test]

@@ -52,10 +52,27 @@ impl RuntimeApi {
 /// Writes the service impl: `async_trait` must see the generated methods, so the macro emits
 /// the whole impl block around the hand-written ones.
 macro_rules! runtime_impl {
-    ({ $($body:tt)* } $($method:ident($req:ident) -> $resp:ident, $name:literal;)*) => {
+    (
+        { $($body:tt)* }
+        no_such_container { $($nc_method:ident($nc_req:ident) -> $nc_resp:ident;)* }
+        $($method:ident($req:ident) -> $resp:ident, $name:literal;)*
+    ) => {
         #[tonic::async_trait]
         impl RuntimeService for RuntimeApi {
             $($body)*
+            // No container can exist until CreateContainer drives the shim, so every call on
+            // a container id answers NotFound, as it will for an unknown id.
+            $(
+        async fn $nc_method(
+            &self,
+            request: Request<cri::$nc_req>,
+        ) -> Result<Response<cri::$nc_resp>, Status> {
+            Err(Status::not_found(format!(
+                "container {} not found",
+                request.get_ref().container_id
+            )))
+        }
+            )*
             $(
         async fn $method(
             &self,
@@ -145,6 +162,36 @@ async fn list_pod_sandbox(
     )?))
 }
 
+async fn list_containers(
+    &self,
+    _request: Request<cri::ListContainersRequest>,
+) -> Result<Response<cri::ListContainersResponse>, Status> {
+    Ok(Response::new(cri::ListContainersResponse { containers: Vec::new() }))
+}
+
+async fn list_container_stats(
+    &self,
+    _request: Request<cri::ListContainerStatsRequest>,
+) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
+    Ok(Response::new(cri::ListContainerStatsResponse { stats: Vec::new() }))
+}
+
+/// Stopping an unknown container succeeds, as the CRI requires.
+async fn stop_container(
+    &self,
+    _request: Request<cri::StopContainerRequest>,
+) -> Result<Response<cri::StopContainerResponse>, Status> {
+    Ok(Response::new(cri::StopContainerResponse {}))
+}
+
+/// Removing an unknown container succeeds, as the CRI requires.
+async fn remove_container(
+    &self,
+    _request: Request<cri::RemoveContainerRequest>,
+) -> Result<Response<cri::RemoveContainerResponse>, Status> {
+    Ok(Response::new(cri::RemoveContainerResponse {}))
+}
+
 async fn create_container(
     &self,
     request: Request<cri::CreateContainerRequest>,
@@ -181,19 +228,17 @@ async fn get_container_events(
 }
 
 }
-    start_container(StartContainerRequest) -> StartContainerResponse, "StartContainer";
-    stop_container(StopContainerRequest) -> StopContainerResponse, "StopContainer";
-    remove_container(RemoveContainerRequest) -> RemoveContainerResponse, "RemoveContainer";
-    list_containers(ListContainersRequest) -> ListContainersResponse, "ListContainers";
-    container_status(ContainerStatusRequest) -> ContainerStatusResponse, "ContainerStatus";
-    update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse, "UpdateContainerResources";
-    reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse, "ReopenContainerLog";
-    exec_sync(ExecSyncRequest) -> ExecSyncResponse, "ExecSync";
-    exec(ExecRequest) -> ExecResponse, "Exec";
-    attach(AttachRequest) -> AttachResponse, "Attach";
+    no_such_container {
+        start_container(StartContainerRequest) -> StartContainerResponse;
+        container_status(ContainerStatusRequest) -> ContainerStatusResponse;
+        update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
+        reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse;
+        exec_sync(ExecSyncRequest) -> ExecSyncResponse;
+        exec(ExecRequest) -> ExecResponse;
+        attach(AttachRequest) -> AttachResponse;
+        container_stats(ContainerStatsRequest) -> ContainerStatsResponse;
+    }
     port_forward(PortForwardRequest) -> PortForwardResponse, "PortForward";
-    container_stats(ContainerStatsRequest) -> ContainerStatsResponse, "ContainerStats";
-    list_container_stats(ListContainerStatsRequest) -> ListContainerStatsResponse, "ListContainerStats";
     pod_sandbox_stats(PodSandboxStatsRequest) -> PodSandboxStatsResponse, "PodSandboxStats";
     list_pod_sandbox_stats(ListPodSandboxStatsRequest) -> ListPodSandboxStatsResponse, "ListPodSandboxStats";
     checkpoint_container(CheckpointContainerRequest) -> CheckpointContainerResponse, "CheckpointContainer";
