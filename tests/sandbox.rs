@@ -356,6 +356,11 @@ async fn bad_sandbox_requests_are_refused_and_leave_nothing() {
     escape.linux.as_mut().expect("linux").sysctls.clear();
     let e = run(&c, escape).await.expect_err("cgroup escape");
     assert_eq!(e.code(), Code::InvalidArgument);
+    let mut long = pod_config("longname", &cg.0, false);
+    long.hostname = "h".repeat(65);
+    let e = run(&c, long).await.expect_err("hostname too long");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("hostname"));
     let e = run(&c, cri::PodSandboxConfig::default())
         .await
         .expect_err("no metadata");

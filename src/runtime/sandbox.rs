@@ -232,6 +232,12 @@ impl SandboxManager {
                 req.runtime_handler
             )));
         }
+        if config.hostname.len() > 64 {
+            return Err(SandboxError::InvalidArgument(format!(
+                "RunPodSandbox: hostname {:?} is longer than 64 bytes",
+                config.hostname
+            )));
+        }
         let cgroup_parent = config
             .linux
             .as_ref()
@@ -304,17 +310,12 @@ impl SandboxManager {
     ) -> Result<(), SandboxError> {
         std::fs::create_dir_all(&rec.dir)
             .map_err(internal(format!("creating {}", rec.dir.display())))?;
-        let hostname = if host_net {
+        // As containerd: the node's name for host-network pods and when the pod names none.
+        let hostname = if host_net || config.hostname.is_empty() {
             rustix::system::uname()
                 .nodename()
                 .to_string_lossy()
                 .into_owned()
-        } else if config.hostname.is_empty() {
-            config
-                .metadata
-                .as_ref()
-                .map(|m| m.name.clone())
-                .unwrap_or_default()
         } else {
             config.hostname.clone()
         };
