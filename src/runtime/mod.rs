@@ -6,6 +6,7 @@ pub mod names;
 pub mod pin;
 pub mod sandbox;
 pub mod sandbox_files;
+pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;
 pub mod spec_user;
