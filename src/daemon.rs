@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::cri::{self, ImageApi, RuntimeApi};
 use crate::image::ImageManager;
+use crate::runtime::container::ContainerManager;
 use crate::runtime::container_create::ContainerCreator;
 use crate::runtime::sandbox::SandboxManager;
 use crate::store::Store;
@@ -20,12 +21,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(&config.db_path())?;
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
     let sandboxes =
-        SandboxManager::open(store, &config.state_dir).context("loading pod sandboxes")?;
+        SandboxManager::open(store.clone(), &config.state_dir).context("loading pod sandboxes")?;
     let creator = Arc::new(ContainerCreator::new(
         images.clone(),
         sandboxes.clone(),
         &config.root,
     ));
+    let shim = std::env::current_exe()
+        .context("finding berthd's own path")?
+        .with_file_name("berth-shim");
+    let containers = ContainerManager::open(
+        store.clone(),
+        images.clone(),
+        creator,
+        sandboxes.clone(),
+        &config.state_dir,
+        shim,
+    )
+    .map_err(|e| anyhow::anyhow!("loading containers: {e}"))?;
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -44,7 +57,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cri::serve(
         lock,
         &config.socket,
-        RuntimeApi::new(images.clone(), sandboxes.clone(), creator),
+        RuntimeApi::new(images.clone(), sandboxes.clone(), containers),
         ImageApi::new(images),
         shutdown,
     )

@@ -8,30 +8,17 @@ use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
 
-use super::{runtime_info, sandbox_service};
+use super::{container_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
-use crate::runtime::container_create::{ContainerCreator, CreateError};
+use crate::runtime::container::ContainerManager;
 use crate::runtime::sandbox::SandboxManager;
-
-impl From<CreateError> for Status {
-    fn from(e: CreateError) -> Self {
-        let msg = e.to_string();
-        match e {
-            CreateError::InvalidArgument(_) => Status::invalid_argument(msg),
-            CreateError::NotFound(_) => Status::not_found(msg),
-            CreateError::FailedPrecondition(_) => Status::failed_precondition(msg),
-            CreateError::Unimplemented(_) => Status::unimplemented(msg),
-            CreateError::Internal(_) => Status::internal(msg),
-        }
-    }
-}
 
 /// The RuntimeService.
 #[derive(Clone)]
 pub struct RuntimeApi {
     images: ImageManager,
     sandboxes: Arc<SandboxManager>,
-    creator: Arc<ContainerCreator>,
+    containers: Arc<ContainerManager>,
 }
 
 impl RuntimeApi {
@@ -39,12 +26,12 @@ impl RuntimeApi {
     pub fn new(
         images: ImageManager,
         sandboxes: Arc<SandboxManager>,
-        creator: Arc<ContainerCreator>,
+        containers: Arc<ContainerManager>,
     ) -> Self {
         Self {
             images,
             sandboxes,
-            creator,
+            containers,
         }
     }
 }
@@ -164,9 +151,12 @@ async fn list_pod_sandbox(
 
 async fn list_containers(
     &self,
-    _request: Request<cri::ListContainersRequest>,
+    request: Request<cri::ListContainersRequest>,
 ) -> Result<Response<cri::ListContainersResponse>, Status> {
-    Ok(Response::new(cri::ListContainersResponse { containers: Vec::new() }))
+    let recs = self.containers.list(request.get_ref().filter.as_ref()).await?;
+    Ok(Response::new(cri::ListContainersResponse {
+        containers: recs.iter().map(container_service::to_list_item).collect(),
+    }))
 }
 
 async fn list_container_stats(
@@ -176,19 +166,22 @@ async fn list_container_stats(
     Ok(Response::new(cri::ListContainerStatsResponse { stats: Vec::new() }))
 }
 
-/// Stopping an unknown container succeeds, as the CRI requires.
+/// Stopping an unknown or exited container succeeds, as the CRI requires.
 async fn stop_container(
     &self,
-    _request: Request<cri::StopContainerRequest>,
+    request: Request<cri::StopContainerRequest>,
 ) -> Result<Response<cri::StopContainerResponse>, Status> {
+    let req = request.get_ref();
+    self.containers.stop(&req.container_id, req.timeout).await?;
     Ok(Response::new(cri::StopContainerResponse {}))
 }
 
 /// Removing an unknown container succeeds, as the CRI requires.
 async fn remove_container(
     &self,
-    _request: Request<cri::RemoveContainerRequest>,
+    request: Request<cri::RemoveContainerRequest>,
 ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
+    self.containers.remove(&request.get_ref().container_id).await?;
     Ok(Response::new(cri::RemoveContainerResponse {}))
 }
 
@@ -196,8 +189,24 @@ async fn create_container(
     &self,
     request: Request<cri::CreateContainerRequest>,
 ) -> Result<Response<cri::CreateContainerResponse>, Status> {
-    let container_id = self.creator.create(request.get_ref()).await?;
+    let container_id = self.containers.create(request.get_ref()).await?;
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
+}
+
+async fn start_container(
+    &self,
+    request: Request<cri::StartContainerRequest>,
+) -> Result<Response<cri::StartContainerResponse>, Status> {
+    self.containers.start(&request.get_ref().container_id).await?;
+    Ok(Response::new(cri::StartContainerResponse {}))
+}
+
+async fn container_status(
+    &self,
+    request: Request<cri::ContainerStatusRequest>,
+) -> Result<Response<cri::ContainerStatusResponse>, Status> {
+    let rec = self.containers.status(&request.get_ref().container_id).await?;
+    Ok(Response::new(container_service::status(&rec)))
 }
 
 async fn runtime_config(
@@ -229,8 +238,6 @@ async fn get_container_events(
 
 }
     no_such_container {
-        start_container(StartContainerRequest) -> StartContainerResponse;
-        container_status(ContainerStatusRequest) -> ContainerStatusResponse;
         update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
         reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse;
         exec_sync(ExecSyncRequest) -> ExecSyncResponse;

@@ -1,9 +1,7 @@
 //! CreateContainer's preparation: checks the sandbox and image, mounts the rootfs from a
 //! snapshot of the image, generates and writes the OCI bundle; undoes all of it on failure.
 //!
-//! The container process itself is made by `berth-shim` (the shim crate); until berthd drives
-//! it, a request that passes every check is rolled back and answered Unimplemented, so bad
-//! requests already get their real errors and leave nothing behind.
+//! The container process itself is made by `berth-shim`, started by [`super::container`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,9 +24,6 @@ pub enum CreateError {
     /// The sandbox is not ready.
     #[error("{0}")]
     FailedPrecondition(String),
-    /// Not built yet.
-    #[error("{0}")]
-    Unimplemented(String),
     /// Host trouble.
     #[error("{0}")]
     Internal(String),
@@ -42,10 +37,22 @@ pub struct ContainerCreator {
 }
 
 /// Everything a prepared container holds on the host, removed by [`Prepared::undo`].
-struct Prepared {
-    snapshot: Option<String>,
-    rootfs_mounted: Option<PathBuf>,
-    bundle: Option<PathBuf>,
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// Container id.
+    pub id: String,
+    /// Snapshot key of the rootfs.
+    pub snapshot: Option<String>,
+    /// Where the rootfs is mounted.
+    pub rootfs_mounted: Option<PathBuf>,
+    /// The bundle directory (config.json, rootfs/).
+    pub bundle: Option<PathBuf>,
+    /// The user the process runs as (reported in ContainerStatus).
+    pub user: Option<spec::EffectiveUser>,
+    /// Image id.
+    pub image_id: String,
+    /// Sandbox id.
+    pub sandbox_id: String,
 }
 
 impl ContainerCreator {
@@ -58,8 +65,8 @@ impl ContainerCreator {
         }
     }
 
-    /// CreateContainer, up to the shim.
-    pub async fn create(&self, req: &cri::CreateContainerRequest) -> Result<String, CreateError> {
+    /// Checks the request and prepares the bundle; on error nothing is left behind.
+    pub async fn create(&self, req: &cri::CreateContainerRequest) -> Result<Prepared, CreateError> {
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
             Err(SandboxError::NotFound(id)) => {
@@ -113,19 +120,21 @@ impl ContainerCreator {
             })?;
         let id = crate::util::random_hex(32);
         let mut prepared = Prepared {
-            snapshot: None,
-            rootfs_mounted: None,
-            bundle: None,
+            id: id.clone(),
+            image_id: image.record.id.clone(),
+            sandbox_id: sandbox.id.clone(),
+            ..Default::default()
         };
-        let result = self
+        match self
             .prepare(&id, &sandbox, req, config, &image.record, &mut prepared)
-            .await;
-        // Until the shim is driven from here, every path ends in a rollback.
-        prepared.undo(&self.images);
-        result?;
-        Err(CreateError::Unimplemented(format!(
-            "CreateContainer {name}: the request is valid, but starting containers through berth-shim is not wired into berthd yet"
-        )))
+            .await
+        {
+            Ok(()) => Ok(prepared),
+            Err(e) => {
+                prepared.undo(&self.images);
+                Err(e)
+            }
+        }
     }
 
     async fn prepare(
@@ -190,7 +199,7 @@ impl ContainerCreator {
             runtime_oom_score_adj: own_oom,
             termination_message: None,
         };
-        let (oci, _user) = spec::generate(&input).map_err(|e| match e {
+        let (oci, user) = spec::generate(&input).map_err(|e| match e {
             e @ SpecError::InvalidArgument { .. } => {
                 CreateError::InvalidArgument(format!("CreateContainer: {e}"))
             }
@@ -201,13 +210,14 @@ impl ContainerCreator {
         })?;
         oci.save(bundle.join("config.json"))
             .map_err(|e| internal("writing config.json", &e))?;
+        prepared.user = Some(user);
         Ok(())
     }
 }
 
 impl Prepared {
     /// Unmounts the rootfs, removes the snapshot and the bundle. Idempotent.
-    fn undo(&mut self, images: &ImageManager) {
+    pub fn undo(&mut self, images: &ImageManager) {
         if let Some(rootfs) = self.rootfs_mounted.take()
             && let Err(e) = berth_snapshotter::unmount(&rootfs)
         {

@@ -1,6 +1,7 @@
 //! The runtime core: pod sandboxes and containers (being built for the runtime issue).
 
 pub mod cgroups;
+pub mod container;
 pub mod container_create;
 pub mod names;
 pub mod pin;

@@ -4,6 +4,7 @@
 //! - `images`: image id (`sha256:<config digest>`) → JSON [`ImageRecord`]
 //! - `image_names`: reference (`registry/repo:tag` or `registry/repo@sha256:…`) → image id
 //! - `sandboxes`: sandbox id → JSON `SandboxRecord` (src/runtime/sandbox.rs)
+//! - `containers`: container id → JSON `ContainerRecord` (src/runtime/container.rs)
 //!
 //! Invariant: every name in `image_names` points to an image in `images`, and that image lists
 //! the name in its `repo_tags` or `repo_digests`; both are changed in the same transaction.
@@ -15,6 +16,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use images::ImageRecord;
+
+/// Containers by id.
+pub const CONTAINERS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("containers");
 
 /// Pod sandboxes by id.
 pub const SANDBOXES: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("sandboxes");
@@ -78,6 +82,7 @@ impl Store {
         txn.open_table(images::IMAGES)?;
         txn.open_table(images::IMAGE_NAMES)?;
         txn.open_table(SANDBOXES)?;
+        txn.open_table(CONTAINERS)?;
         txn.commit()?;
         Ok(())
     }

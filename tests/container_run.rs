@@ -1,0 +1,175 @@
+//! Real containers through CRI: create, start, exit code, CRI log, stop, remove.
+
+mod common;
+
+use common::*;
+use k8s_cri::v1 as cri;
+
+fn sandbox_config(name: &str, log_dir: &std::path::Path) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: log_dir.display().to_string(),
+        ..Default::default()
+    }
+}
+
+fn container(name: &str, image: &str, script: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}.log"),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn wait_exited(c: &berth::client::CriClient, id: &str) -> cri::ContainerStatus {
+    for _ in 0..500 {
+        let s = c
+            .runtime()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("status")
+            .into_inner()
+            .status
+            .expect("status");
+        if s.state == cri::ContainerState::ContainerExited as i32 {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("container {id} did not exit");
+}
+
+#[tokio::test]
+async fn a_container_runs_logs_and_reports_its_exit() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let sandbox_cfg = sandbox_config("runner", &logs);
+    let sandbox = c
+        .runtime()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox_cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("sandbox")
+        .into_inner()
+        .pod_sandbox_id;
+    let id = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(container(
+                "echo",
+                &busybox,
+                "echo hello; echo oops >&2; exit 3",
+            )),
+            sandbox_config: Some(sandbox_cfg.clone()),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .container_id;
+    let listed = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].state,
+        cri::ContainerState::ContainerCreated as i32
+    );
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("start");
+    let s = wait_exited(&c, &id).await;
+    assert_eq!(s.exit_code, 3);
+    assert!(s.finished_at >= s.started_at && s.started_at > 0);
+    let log = std::fs::read_to_string(logs.join("echo.log")).expect("log");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines.iter().any(|l| l.ends_with(" stdout F hello")),
+        "{log}"
+    );
+    assert!(lines.iter().any(|l| l.ends_with(" stderr F oops")), "{log}");
+
+    // A container that ignores SIGTERM is killed after the timeout.
+    let sleeper = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(container("sleeper", &busybox, "sleep 1000")),
+            sandbox_config: Some(sandbox_cfg.clone()),
+        })
+        .await
+        .expect("create sleeper")
+        .into_inner()
+        .container_id;
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: sleeper.clone(),
+        })
+        .await
+        .expect("start sleeper");
+    c.runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: sleeper.clone(),
+            timeout: 1,
+        })
+        .await
+        .expect("stop");
+    let s = wait_exited(&c, &sleeper).await;
+    assert_eq!(s.exit_code, 137, "SIGKILL after the timeout");
+    for id in [id, sleeper] {
+        c.runtime()
+            .remove_container(cri::RemoveContainerRequest { container_id: id })
+            .await
+            .expect("remove");
+    }
+    c.runtime()
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox,
+        })
+        .await
+        .expect("remove sandbox");
+    let left: Vec<_> = std::fs::read_dir(d.root().join("containers"))
+        .map(|r| r.flatten().collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
