@@ -162,6 +162,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("berth-cg-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("a/kubepods")).expect("mkdir");
+        std::fs::create_dir_all(root.join("b")).expect("mkdir");
         let layout = Layout::V1(vec![root.join("a"), root.join("b")]);
         let created = ensure(&layout, "/kubepods/pod1").expect("ensure");
         assert_eq!(

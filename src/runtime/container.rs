@@ -391,6 +391,8 @@ impl ContainerManager {
                 rec.id, rec.state
             )));
         }
+        // Taken before the call: a short-lived process may exit before the call returns.
+        let started_at = crate::util::unix_nanos_now();
         ShimClient::new(&rec.socket)
             .call(
                 api::request::Request::Start(api::StartRequest {}),
@@ -398,7 +400,7 @@ impl ContainerManager {
             )
             .await?;
         rec.state = ContainerState::Running;
-        rec.started_at = crate::util::unix_nanos_now();
+        rec.started_at = started_at;
         self.save(&rec)?;
         Ok(())
     }
