@@ -147,6 +147,27 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         })
         .await
         .expect("start sleeper");
+    // ExecSync inside the running container: output, exit code, timeout.
+    let exec = |cmd: &[&str], timeout: i64| {
+        let c = c.clone();
+        let req = cri::ExecSyncRequest {
+            container_id: sleeper.clone(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout,
+        };
+        async move { c.runtime().exec_sync(req).await.map(|r| r.into_inner()) }
+    };
+    let r = exec(&["echo", "hi"], 10).await.expect("exec echo");
+    assert_eq!((r.stdout.as_slice(), r.exit_code), (b"hi\n".as_slice(), 0));
+    let r = exec(&["sh", "-c", "echo e >&2; exit 4"], 10)
+        .await
+        .expect("exec exit 4");
+    assert_eq!((r.stderr.as_slice(), r.exit_code), (b"e\n".as_slice(), 4));
+    let e = exec(&["sleep", "30"], 1).await.expect_err("times out");
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    let e = exec(&[], 1).await.expect_err("empty cmd");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
     c.runtime()
         .stop_container(cri::StopContainerRequest {
             container_id: sleeper.clone(),

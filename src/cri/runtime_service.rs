@@ -193,6 +193,32 @@ async fn create_container(
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
 }
 
+async fn exec_sync(
+    &self,
+    request: Request<cri::ExecSyncRequest>,
+) -> Result<Response<cri::ExecSyncResponse>, Status> {
+    let req = request.get_ref();
+    let r = self
+        .containers
+        .exec_sync(&req.container_id, &req.cmd, req.timeout)
+        .await?;
+    Ok(Response::new(cri::ExecSyncResponse {
+        stdout: r.stdout,
+        stderr: r.stderr,
+        exit_code: r.exit_code,
+    }))
+}
+
+async fn reopen_container_log(
+    &self,
+    request: Request<cri::ReopenContainerLogRequest>,
+) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
+    self.containers
+        .reopen_log(&request.get_ref().container_id)
+        .await?;
+    Ok(Response::new(cri::ReopenContainerLogResponse {}))
+}
+
 async fn start_container(
     &self,
     request: Request<cri::StartContainerRequest>,
@@ -239,8 +265,6 @@ async fn get_container_events(
 }
     no_such_container {
         update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
-        reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse;
-        exec_sync(ExecSyncRequest) -> ExecSyncResponse;
         exec(ExecRequest) -> ExecResponse;
         attach(AttachRequest) -> AttachResponse;
         container_stats(ContainerStatsRequest) -> ContainerStatsResponse;

@@ -538,6 +538,68 @@ impl ContainerManager {
         let _ = std::fs::remove_file(&socket);
     }
 
+    /// ExecSync: runs `cmd` in the running container; a timeout of 0 waits without limit.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout_secs: i64,
+    ) -> Result<api::ExecSyncResponse, ContainerError> {
+        if cmd.is_empty() {
+            return Err(CreateError::InvalidArgument("ExecSync: cmd is empty".into()).into());
+        }
+        let rec = self.refresh(self.get(id)?).await;
+        if rec.state != ContainerState::Running {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "ExecSync: container {} is not running",
+                rec.id
+            )));
+        }
+        let timeout_ms = u64::try_from(timeout_secs.max(0))
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        let deadline = if timeout_ms == 0 {
+            Duration::from_secs(24 * 3600)
+        } else {
+            Duration::from_millis(timeout_ms) + SHIM_CALL
+        };
+        let request = api::request::Request::ExecSync(api::ExecSyncRequest {
+            args: cmd.to_vec(),
+            timeout_ms,
+            ..Default::default()
+        });
+        match ShimClient::new(&rec.socket).call(request, deadline).await? {
+            api::response::Result::ExecSync(r) if r.timed_out => {
+                Err(ContainerError::DeadlineExceeded(format!(
+                    "ExecSync in container {}: command {cmd:?} timed out after {timeout_secs} s",
+                    rec.id
+                )))
+            }
+            api::response::Result::ExecSync(r) => Ok(r),
+            other => Err(ContainerError::Internal(format!(
+                "ExecSync: unexpected shim answer {other:?}"
+            ))),
+        }
+    }
+
+    /// ReopenContainerLog: the shim reopens the log file (after rotation).
+    pub async fn reopen_log(&self, id: &str) -> Result<(), ContainerError> {
+        let rec = self.refresh(self.get(id)?).await;
+        if rec.state != ContainerState::Running {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "ReopenContainerLog: container {} is not running",
+                rec.id
+            )));
+        }
+        ShimClient::new(&rec.socket)
+            .call(
+                api::request::Request::ReopenLog(api::ReopenLogRequest {}),
+                SHIM_CALL,
+            )
+            .await?;
+        Ok(())
+    }
+
     /// ContainerStatus.
     pub async fn status(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
         let rec = self.get(id)?;
