@@ -25,7 +25,13 @@ impl Args {
     pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Self, ShimError> {
         let mut id = None;
         let mut paths: [Option<PathBuf>; 5] = Default::default();
-        let names = ["--bundle", "--socket", "--log-path", "--exit-file", "--state-root"];
+        let names = [
+            "--bundle",
+            "--socket",
+            "--log-path",
+            "--exit-file",
+            "--state-root",
+        ];
         let (mut tty, mut stdin) = (false, false);
         let mut it = argv.into_iter();
         while let Some(arg) = it.next() {
@@ -41,9 +47,10 @@ impl Args {
                 "--stdin" => stdin = true,
                 "--id" => {
                     let v = value(&flag, inline, &mut it)?;
-                    id = Some(v.into_string().map_err(|_| {
-                        ShimError::Usage("--id is not UTF-8".to_string())
-                    })?);
+                    id = Some(
+                        v.into_string()
+                            .map_err(|_| ShimError::Usage("--id is not UTF-8".to_string()))?,
+                    );
                 }
                 f => {
                     let Some(i) = names.iter().position(|n| *n == f) else {

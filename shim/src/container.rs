@@ -39,7 +39,8 @@ impl Ctr {
         id: &str,
         bundle: &Path,
         state_root: &Path,
-        stdio: Stdio,
+        stdio: Option<Stdio>,
+        console_socket: Option<&Path>,
     ) -> Result<Self, ShimError> {
         fs::create_dir_all(state_root)
             .ctx(|| format!("create state root {}", state_root.display()))?;
@@ -48,16 +49,19 @@ impl Ctr {
             op,
             id: id.to_string(),
             bundle: bundle.to_path_buf(),
-            source,
+            source: Box::new(source),
         };
         let saved_oom = fs::read_to_string("/proc/self/oom_score_adj").ok();
+        check_oom_score_adj(bundle, saved_oom.as_deref())?;
         let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::default())
             .with_root_path(state_root)
             .map_err(|e| wrap("create", e))?
-            .with_stdout(stdio.stdout)
-            .with_stderr(stdio.stderr);
-        if let Some(stdin) = stdio.stdin {
-            builder = builder.with_stdin(stdin);
+            .with_console_socket(console_socket);
+        if let Some(stdio) = stdio {
+            builder = builder.with_stdout(stdio.stdout).with_stderr(stdio.stderr);
+            if let Some(stdin) = stdio.stdin {
+                builder = builder.with_stdin(stdin);
+            }
         }
         let built = builder
             .as_init(bundle)
@@ -87,7 +91,7 @@ impl Ctr {
             op,
             id: self.id.clone(),
             bundle: self.bundle.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -157,9 +161,15 @@ impl Ctr {
         };
         let rel = cg.strip_prefix("/").unwrap_or(cg);
         let candidates = [
-            (Path::new("/sys/fs/cgroup/memory").join(rel), "memory.oom_control"),
+            (
+                Path::new("/sys/fs/cgroup/memory").join(rel),
+                "memory.oom_control",
+            ),
             (Path::new("/sys/fs/cgroup").join(rel), "memory.events"),
-            (Path::new("/sys/fs/cgroup/unified").join(rel), "memory.events"),
+            (
+                Path::new("/sys/fs/cgroup/unified").join(rel),
+                "memory.events",
+            ),
         ];
         for (dir, file) in candidates {
             if let Ok(text) = fs::read_to_string(dir.join(file)) {
@@ -183,6 +193,33 @@ impl Ctr {
             .delete(true)
             .map_err(|e| self.wrap("delete", e))
     }
+}
+
+/// libcontainer sets the spec's oom_score_adj on the shim itself before forking, and fails with
+/// a bare "io error" when it may not lower it (root cannot, on some hosts). Try the write here
+/// so that the failure names the value and the reason.
+fn check_oom_score_adj(bundle: &Path, current: Option<&str>) -> Result<(), ShimError> {
+    let config = bundle.join("config.json");
+    let text = fs::read(&config).ctx(|| format!("read {}", config.display()))?;
+    let spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        ShimError::Precondition(format!("bundle {}: config.json: {e}", bundle.display()))
+    })?;
+    let Some(wanted) = spec["process"]["oomScoreAdj"].as_i64() else {
+        return Ok(());
+    };
+    let Some(current) = current.and_then(|c| c.trim().parse::<i64>().ok()) else {
+        return Ok(());
+    };
+    if wanted >= current {
+        return Ok(());
+    }
+    fs::write("/proc/self/oom_score_adj", wanted.to_string()).map_err(|e| {
+        ShimError::Precondition(format!(
+            "bundle {}: process.oomScoreAdj {wanted} is below the shim's own {current} and \
+             this host does not allow lowering it ({e}); clamp it to at least {current}",
+            bundle.display()
+        ))
+    })
 }
 
 /// Deletes a container left by an earlier shim with the same id (its init may be stuck in

@@ -31,6 +31,8 @@ impl Stream {
 pub struct LineSplitter {
     stream: Stream,
     pending: Vec<u8>,
+    /// TTY output ends lines with "\r\n": drop the '\r' of full lines.
+    strip_cr: bool,
 }
 
 impl LineSplitter {
@@ -38,7 +40,26 @@ impl LineSplitter {
         Self {
             stream,
             pending: Vec::new(),
+            strip_cr: false,
         }
+    }
+
+    /// A splitter for a terminal's output (lines end with "\r\n").
+    pub fn for_tty() -> Self {
+        Self {
+            strip_cr: true,
+            ..Self::new(Stream::Stdout)
+        }
+    }
+
+    fn emit_line(&mut self, out: &mut impl RecordSink) -> io::Result<()> {
+        let mut body = self.pending.as_slice();
+        if self.strip_cr && body.last() == Some(&b'\r') {
+            body = &body[..body.len() - 1];
+        }
+        out.record(self.stream, true, body)?;
+        self.pending.clear();
+        Ok(())
     }
 
     /// Feeds bytes read from the stream; emits every complete record.
@@ -47,8 +68,7 @@ impl LineSplitter {
             match data.iter().position(|&b| b == b'\n') {
                 Some(nl) if self.pending.len() + nl <= MAX_RECORD => {
                     self.pending.extend_from_slice(&data[..nl]);
-                    out.record(self.stream, true, &self.pending)?;
-                    self.pending.clear();
+                    self.emit_line(out)?;
                     data = &data[nl + 1..];
                 }
                 _ => {
@@ -60,12 +80,12 @@ impl LineSplitter {
                     if self.pending.len() == MAX_RECORD && !data.is_empty() {
                         if data[0] == b'\n' {
                             // The line ends exactly at the limit: one full record.
-                            out.record(self.stream, true, &self.pending)?;
+                            self.emit_line(out)?;
                             data = &data[1..];
                         } else {
                             out.record(self.stream, false, &self.pending)?;
+                            self.pending.clear();
                         }
-                        self.pending.clear();
                     }
                 }
             }
@@ -76,8 +96,7 @@ impl LineSplitter {
     /// End of stream: a final unterminated line becomes an `F` record.
     pub fn finish(&mut self, out: &mut impl RecordSink) -> io::Result<()> {
         if !self.pending.is_empty() {
-            out.record(self.stream, true, &self.pending)?;
-            self.pending.clear();
+            self.emit_line(out)?;
         }
         Ok(())
     }
@@ -207,6 +226,16 @@ mod tests {
         line.extend_from_slice(b"\nok\n");
         s.feed(&line, &mut c)?;
         assert_eq!(summary(&c), vec![(true, MAX_RECORD), (true, 2)]);
+        Ok(())
+    }
+
+    #[test]
+    fn tty_lines_lose_their_carriage_return() -> io::Result<()> {
+        let mut s = LineSplitter::for_tty();
+        let mut c = Collect::default();
+        s.feed(b"a\r\nb\rc\r\n", &mut c)?;
+        let bodies: Vec<_> = c.0.iter().map(|(_, _, b)| b.clone()).collect();
+        assert_eq!(bodies, vec![b"a".to_vec(), b"b\rc".to_vec()]);
         Ok(())
     }
 

@@ -61,7 +61,10 @@ pub fn detach() -> Result<Reporter, ShimError> {
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if rc != 0 {
-        return Err(ShimError::io("prctl(PR_SET_CHILD_SUBREAPER)", std::io::Error::last_os_error()));
+        return Err(ShimError::io(
+            "prctl(PR_SET_CHILD_SUBREAPER)",
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(Reporter(File::from(w)))
 }
@@ -94,7 +97,10 @@ pub fn detach_stdio() -> Result<(), ShimError> {
     for fd in 0..3 {
         // SAFETY: dup2 onto the standard descriptors; `null` stays open for the call.
         if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
-            return Err(ShimError::io("dup2 /dev/null", std::io::Error::last_os_error()));
+            return Err(ShimError::io(
+                "dup2 /dev/null",
+                std::io::Error::last_os_error(),
+            ));
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ pub enum ShimError {
         id: String,
         bundle: PathBuf,
         #[source]
-        source: libcontainer::error::LibcontainerError,
+        source: Box<libcontainer::error::LibcontainerError>,
     },
     /// A system call or file operation failed.
     #[error("{context}: {source}")]

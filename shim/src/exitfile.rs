@@ -79,7 +79,11 @@ mod tests {
         assert_eq!(v["exit_code"], 137);
         assert_eq!(v["reason"], "OOMKilled");
         assert_eq!(v["oom_killed"], true);
-        let ok = ExitInfo { exit_code: 0, oom_killed: false, ..e.clone() };
+        let ok = ExitInfo {
+            exit_code: 0,
+            oom_killed: false,
+            ..e.clone()
+        };
         assert_eq!(ok.reason(), "Completed");
         let dir = std::env::temp_dir().join(format!("berth-shim-exit-{}", std::process::id()));
         fs::create_dir_all(&dir)?;

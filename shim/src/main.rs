@@ -1,20 +1,25 @@
 //! berth-shim: the per-container supervisor (creates one container, owns its stdio, serves the shim API).
 
 mod args;
+mod console;
 mod container;
 mod crilog;
 mod daemon;
 mod error;
 mod exitfile;
+mod mem;
 mod proto;
 mod server;
 mod timefmt;
 
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 
 use args::Args;
+use console::ConsoleSocket;
 use container::{Ctr, Stdio};
+use crilog::{LineSplitter, Stream};
 use error::{IoContext, ShimError};
 
 fn main() {
@@ -29,10 +34,6 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if args.tty {
-        eprintln!("berth-shim: --tty is not supported yet");
-        std::process::exit(2);
-    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -57,6 +58,7 @@ fn main() {
                 std::process::exit(1);
             }
             reporter.success();
+            mem::trim();
             shim.run();
         }
         Err(e) => {
@@ -77,22 +79,52 @@ fn setup(args: Args) -> Result<server::Shim, ShimError> {
     if let Some(dir) = args.socket.parent() {
         fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
     }
+    fs::create_dir_all(&args.state_root)
+        .ctx(|| format!("create state root {}", args.state_root.display()))?;
     let _ = fs::remove_file(&args.socket);
     let listener =
         UnixListener::bind(&args.socket).ctx(|| format!("bind {}", args.socket.display()))?;
-    let cleanup = |e: ShimError| {
-        let _ = fs::remove_file(&args.socket);
+    let socket = args.socket.clone();
+    let cleanup = move |e: ShimError| {
+        let _ = fs::remove_file(&socket);
         e
     };
-    let (out_r, out_w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
-    let (err_r, err_w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
+    let log = crilog::LogFile::open(&args.log_path)
+        .ctx(|| "open log".to_string())
+        .map_err(&cleanup)?;
+    let created = if args.tty {
+        create_with_tty(&args)
+    } else {
+        create_with_pipes(&args)
+    };
+    let (mut ctr, outs, stdin_keep) = created.map_err(&cleanup)?;
+    let pidfd = ctr
+        .pid()
+        .ok_or_else(|| ShimError::Precondition("created container has no pid".into()))
+        .and_then(|pid| server::pidfd_open(pid).ctx(|| format!("pidfd_open {pid}")));
+    match pidfd {
+        Ok(pidfd) => Ok(server::Shim::new(
+            args, ctr, listener, log, outs, stdin_keep, pidfd,
+        )),
+        Err(e) => {
+            abandon(&mut ctr);
+            Err(cleanup(e))
+        }
+    }
+}
+
+/// Output sources with their splitters, and the stdin end the shim keeps open.
+type Created = (Ctr, [Option<(OwnedFd, LineSplitter)>; 2], Option<OwnedFd>);
+
+/// Stdout and stderr through pipes; stdin a pipe (--stdin) or /dev/null.
+fn create_with_pipes(args: &Args) -> Result<Created, ShimError> {
+    let (out_r, out_w) = server::cloexec_pipe().ctx(|| "pipe".to_string())?;
+    let (err_r, err_w) = server::cloexec_pipe().ctx(|| "pipe".to_string())?;
     let (stdin_child, stdin_keep) = if args.stdin {
-        let (r, w) = server::cloexec_pipe().ctx(|| "pipe".to_string()).map_err(cleanup)?;
+        let (r, w) = server::cloexec_pipe().ctx(|| "pipe".to_string())?;
         (r, Some(w))
     } else {
-        let null = fs::File::open("/dev/null")
-            .ctx(|| "open /dev/null".to_string())
-            .map_err(cleanup)?;
+        let null = fs::File::open("/dev/null").ctx(|| "open /dev/null".to_string())?;
         (null.into(), None)
     };
     let stdio = Stdio {
@@ -100,25 +132,51 @@ fn setup(args: Args) -> Result<server::Shim, ShimError> {
         stdout: out_w,
         stderr: err_w,
     };
-    let log = crilog::LogFile::open(&args.log_path)
-        .ctx(|| "open log".to_string())
-        .map_err(cleanup)?;
-    let mut ctr = Ctr::create(&args.id, &args.bundle, &args.state_root, stdio).map_err(cleanup)?;
-    let pidfd = ctr
-        .pid()
-        .ok_or_else(|| ShimError::Precondition("created container has no pid".into()))
-        .and_then(|pid| server::pidfd_open(pid).ctx(|| format!("pidfd_open {pid}")));
-    match pidfd {
-        Ok(pidfd) => Ok(server::Shim::new(
-            args, ctr, listener, log, [out_r, err_r], stdin_keep, pidfd,
-        )),
-        Err(e) => {
-            if let Some(pid) = ctr.pid() {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                let _ = nix::sys::wait::waitpid(pid, None);
+    let ctr = Ctr::create(&args.id, &args.bundle, &args.state_root, Some(stdio), None)?;
+    let outs = [
+        Some((out_r, LineSplitter::new(Stream::Stdout))),
+        Some((err_r, LineSplitter::new(Stream::Stderr))),
+    ];
+    Ok((ctr, outs, stdin_keep))
+}
+
+/// A pty: libcontainer sends its master over a console socket; all output is "stdout".
+fn create_with_tty(args: &Args) -> Result<Created, ShimError> {
+    let console = ConsoleSocket::bind(&args.state_root.join(format!(".console-{}.sock", args.id)))?;
+    let mut ctr = Ctr::create(
+        &args.id,
+        &args.bundle,
+        &args.state_root,
+        None,
+        Some(console.path()),
+    )?;
+    match console.receive_master() {
+        Ok(master) => {
+            let keep = master.try_clone().ctx(|| "dup pty master".to_string());
+            match keep {
+                Ok(keep) => Ok((
+                    ctr,
+                    [Some((master, LineSplitter::for_tty())), None],
+                    Some(keep),
+                )),
+                Err(e) => {
+                    abandon(&mut ctr);
+                    Err(e)
+                }
             }
-            let _ = ctr.delete();
-            Err(cleanup(e))
+        }
+        Err(e) => {
+            abandon(&mut ctr);
+            Err(e)
         }
     }
+}
+
+/// Kills, reaps and deletes a container whose set-up failed after create.
+fn abandon(ctr: &mut Ctr) {
+    if let Some(pid) = ctr.pid() {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+    }
+    let _ = ctr.delete();
 }

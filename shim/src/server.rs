@@ -14,18 +14,29 @@ use prost::Message;
 
 use crate::args::Args;
 use crate::container::{Ctr, Stdio};
-use crate::crilog::{LineSplitter, LogFile, Stream};
+use crate::crilog::{LineSplitter, LogFile};
 use crate::error::{IoContext, ShimError};
 use crate::exitfile::ExitInfo;
 use crate::proto::{self, pb};
 use crate::timefmt;
 
-/// Output kept per stream by ExecSync when the request sets no cap.
-const DEFAULT_OUTPUT_CAP: usize = 16 << 20;
+/// Output kept per stream by ExecSync when the request sets no cap, and the most it may ask
+/// for: both streams together still fit in one 16 MiB response frame.
+const DEFAULT_OUTPUT_CAP: usize = (8 << 20) - 1024;
 /// How long a client may take to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Idle wake-up to reap orphans re-parented to the shim (it is a child subreaper).
 const REAP_INTERVAL: Duration = Duration::from_secs(10);
+/// Extra orphan reaps after each request: libcontainer's helper processes (a failed exec's
+/// init, for one) exit just after the call returns, and a zombie of the container's pid
+/// namespace keeps that namespace's init from finishing its own exit until it is reaped.
+const REAP_SOON: [Duration; 3] = [
+    Duration::from_millis(20),
+    Duration::from_millis(200),
+    Duration::from_secs(2),
+];
+/// How long Delete waits for a SIGKILLed init to be reaped.
+const KILL_REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One of the container's output pipes.
 struct OutPipe {
@@ -76,6 +87,7 @@ pub struct Shim {
     _stdin: Option<OwnedFd>,
     init: Init,
     incoming: Vec<Incoming>,
+    reap_soon: Vec<Instant>,
     waiters: Vec<Waiter>,
     execs: Vec<Exec>,
     exit_requested: bool,
@@ -191,44 +203,39 @@ fn respond(conn: &UnixStream, resp: Result<pb::response::Result, ShimError>) {
 }
 
 impl Shim {
-    /// Takes over a created container. `outs` are the read ends of its stdout and stderr pipes.
+    /// Takes over a created container. `outs` are the read ends of its stdout and stderr pipes
+    /// (or its pty master) with the splitter for each.
     pub fn new(
         args: Args,
         ctr: Ctr,
         listener: UnixListener,
         log: LogFile,
-        outs: [OwnedFd; 2],
+        outs: [Option<(OwnedFd, LineSplitter)>; 2],
         stdin: Option<OwnedFd>,
         pidfd: OwnedFd,
     ) -> Self {
         if let Err(e) = listener.set_nonblocking(true) {
             tracing::error!("listener non-blocking: {e}");
         }
-        let [stdout, stderr] = outs;
-        for fd in [&stdout, &stderr] {
-            if let Err(e) = set_nonblocking(fd) {
-                tracing::error!("output pipe non-blocking: {e}");
-            }
-        }
+        let outs = outs.map(|o| {
+            o.map(|(fd, splitter)| {
+                if let Err(e) = set_nonblocking(&fd) {
+                    tracing::error!("output non-blocking: {e}");
+                }
+                OutPipe { fd, splitter }
+            })
+        });
         let pid = ctr.pid().unwrap_or(Pid::from_raw(0));
         Self {
             args,
             ctr,
             listener,
             log,
-            outs: [
-                Some(OutPipe {
-                    fd: stdout,
-                    splitter: LineSplitter::new(Stream::Stdout),
-                }),
-                Some(OutPipe {
-                    fd: stderr,
-                    splitter: LineSplitter::new(Stream::Stderr),
-                }),
-            ],
+            outs,
             _stdin: stdin,
             init: Init::Created { pid, pidfd },
             incoming: Vec::new(),
+            reap_soon: Vec::new(),
             waiters: Vec::new(),
             execs: Vec::new(),
             exit_requested: false,
@@ -303,6 +310,9 @@ impl Shim {
             }
             if exec_done {
                 self.check_execs();
+                if self.execs.is_empty() {
+                    crate::mem::trim();
+                }
             }
             self.expire_deadlines();
             self.reap_orphans();
@@ -317,7 +327,13 @@ impl Shim {
             .iter()
             .filter_map(|w| w.deadline)
             .chain(self.incoming.iter().map(|c| c.deadline))
-            .chain(self.execs.iter().filter(|e| !e.timed_out).filter_map(|e| e.deadline));
+            .chain(self.reap_soon.iter().copied())
+            .chain(
+                self.execs
+                    .iter()
+                    .filter(|e| !e.timed_out)
+                    .filter_map(|e| e.deadline),
+            );
         deadlines
             .map(|d| d.saturating_duration_since(now) + Duration::from_millis(1))
             .min()
@@ -429,6 +445,7 @@ impl Shim {
         self.waiters = kept;
         // Clients too slow to send their request are dropped.
         self.incoming.retain(|c| c.deadline > now);
+        self.reap_soon.retain(|t| *t > now);
         for w in expired {
             respond(
                 &w.conn,
@@ -446,6 +463,23 @@ impl Shim {
         }
     }
 
+    /// Waits for a SIGKILLed child while reaping orphans: the init of a pid namespace finishes
+    /// exiting only once every other process of that namespace has been reaped, and some of
+    /// those (libcontainer's helpers) are the shim's children.
+    fn reap_killed(&mut self, pid: Pid) -> Option<i32> {
+        let until = Instant::now() + KILL_REAP_TIMEOUT;
+        loop {
+            if let Some(code) = try_reap(pid) {
+                return Some(code);
+            }
+            self.reap_orphans();
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Reaps processes re-parented to the shim that it did not start (it is a subreaper).
     /// Only pids outside the init and exec set are waited for, never `waitpid(-1)`.
     fn reap_orphans(&mut self) {
@@ -453,7 +487,10 @@ impl Shim {
         let Ok(children) = fs::read_to_string(format!("/proc/{me}/task/{me}/children")) else {
             return;
         };
-        for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
             let pid = Pid::from_raw(pid);
             let known = matches!(&self.init, Init::Created { pid: p, .. } | Init::Running { pid: p, .. } if *p == pid)
                 || self.execs.iter().any(|e| e.pid == pid);
@@ -519,6 +556,10 @@ impl Shim {
                     let c = self.incoming.swap_remove(i);
                     if c.conn.set_nonblocking(false).is_ok() {
                         self.handle(c.conn, req);
+                        // Start, Kill(all), ExecSync and Delete run libcontainer code once.
+                        crate::mem::trim();
+                        let now = Instant::now();
+                        self.reap_soon = REAP_SOON.iter().map(|d| now + *d).collect();
                     }
                 }
                 Ok(None) if !closed => i += 1,
@@ -708,7 +749,12 @@ impl Shim {
         if let Init::Created { pid, .. } | Init::Running { pid, .. } = &self.init {
             let pid = *pid;
             let _ = kill(pid, Signal::SIGKILL);
-            let code = reap_blocking(pid);
+            let code = self.reap_killed(pid).ok_or_else(|| {
+                ShimError::Precondition(format!(
+                    "init {pid} of container {} did not exit within {KILL_REAP_TIMEOUT:?} of SIGKILL",
+                    self.ctr.id()
+                ))
+            })?;
             self.init_exited(code);
         }
         self.ctr.delete()?;
@@ -745,4 +791,3 @@ fn placeholder() -> ExitInfo {
         oom_killed: false,
     }
 }
-

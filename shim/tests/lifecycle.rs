@@ -37,6 +37,7 @@ struct Fixture {
     cgroup: String,
     shim_pid: Option<Pid>,
     init_pid: Option<Pid>,
+    tty: bool,
 }
 
 fn unique() -> String {
@@ -56,10 +57,11 @@ fn unique() -> String {
 impl Fixture {
     /// A bundle whose init runs `args`.
     fn new(args: &[&str]) -> Self {
-        let t0 = Instant::now();
-        struct T(Instant);
-        impl Drop for T { fn drop(&mut self) { eprintln!("NEWTIME {:?}", self.0.elapsed()); } }
-        let _t = T(t0);
+        Self::with_memory_limit(args, None)
+    }
+
+    /// A bundle whose init runs `args`, optionally under a memory limit in bytes.
+    fn with_memory_limit(args: &[&str], limit: Option<i64>) -> Self {
         let u = unique();
         let dir = std::env::temp_dir().join(format!("berth-shim-test-{u}"));
         let f = Self {
@@ -68,6 +70,7 @@ impl Fixture {
             dir,
             shim_pid: None,
             init_pid: None,
+            tty: false,
         };
         let rootfs = f.bundle().join("rootfs");
         for d in ["bin", "proc", "dev", "sys", "tmp"] {
@@ -77,7 +80,7 @@ impl Fixture {
         for l in ["sh", "echo", "sleep", "true", "false", "cat"] {
             symlink("busybox", rootfs.join("bin").join(l)).unwrap();
         }
-        f.write_config(args, &rootfs);
+        f.write_config(args, &rootfs, limit);
         f
     }
 
@@ -97,7 +100,7 @@ impl Fixture {
         self.dir.join("state")
     }
 
-    fn write_config(&self, args: &[&str], rootfs: &Path) {
+    fn write_config(&self, args: &[&str], rootfs: &Path, memory_limit: Option<i64>) {
         let caps = ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"];
         let config = serde_json::json!({
             "ociVersion": "1.0.2",
@@ -129,11 +132,34 @@ impl Fixture {
                 "resources": { "devices": [{ "allow": false, "access": "rwm" }] }
             }
         });
+        let mut config = config;
+        if let Some(limit) = memory_limit {
+            config["linux"]["resources"]["memory"] =
+                serde_json::json!({ "limit": limit, "swap": limit });
+        }
         fs::write(
             self.bundle().join("config.json"),
             serde_json::to_vec_pretty(&config).unwrap(),
         )
         .unwrap();
+    }
+
+    /// Gives the container a terminal (process.terminal and a devpts mount) and passes --tty.
+    fn with_tty(mut self) -> Self {
+        let path = self.bundle().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        config["process"]["terminal"] = serde_json::Value::Bool(true);
+        config["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+            }));
+        fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        self.tty = true;
+        self
     }
 
     /// Runs the shim's CLI (the create step); returns its output once the parent exits.
@@ -151,6 +177,7 @@ impl Fixture {
             .arg(self.exit_file())
             .arg("--state-root")
             .arg(self.state_root())
+            .args(self.tty.then_some("--tty"))
             .output()
             .unwrap();
         if out.status.success() {
@@ -165,9 +192,7 @@ impl Fixture {
 
     /// Spawns and requires success.
     fn created(mut self) -> Self {
-        let t0 = Instant::now();
         let out = self.spawn();
-        eprintln!("SPAWNTIME {:?}", t0.elapsed());
         assert!(
             out.status.success(),
             "create failed: {}",
@@ -204,7 +229,10 @@ impl Fixture {
     }
 
     fn start(&self) {
-        assert!(matches!(self.call(Req::Start(pb::StartRequest {})), Res::Start(_)));
+        assert!(matches!(
+            self.call(Req::Start(pb::StartRequest {})),
+            Res::Start(_)
+        ));
     }
 
     fn wait(&self, timeout_ms: u64) -> pb::WaitResponse {
@@ -227,8 +255,13 @@ impl Fixture {
 
     fn shim_alive(&self) -> bool {
         self.shim_pid.is_some_and(|p| {
-            fs::read_to_string(format!("/proc/{p}/stat"))
-                .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
         })
     }
 
@@ -260,7 +293,6 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let t0 = Instant::now();
         if self.shim_alive() {
             let _ = self.try_call(Req::Delete(pb::DeleteRequest {}));
             std::thread::sleep(Duration::from_millis(100));
@@ -271,7 +303,11 @@ impl Drop for Fixture {
         if let Some(p) = self.init_pid {
             let _ = kill(p, Signal::SIGKILL);
         }
-        for ctl in fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        for ctl in fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let cg = ctl.path().join(CGROUP_PARENT).join(&self.cgroup);
             if cg.exists() {
                 if let Ok(procs) = fs::read_to_string(cg.join("cgroup.procs")) {
@@ -290,7 +326,6 @@ impl Drop for Fixture {
             }
         }
         let _ = fs::remove_dir_all(&self.dir);
-        eprintln!("DROPTIME {:?}", t0.elapsed());
     }
 }
 
@@ -358,7 +393,10 @@ fn kill_gives_137_and_wait_times_out_before() -> TestResult {
     let t = Instant::now();
     let w = f.wait(200);
     assert!(!w.exited && t.elapsed() >= Duration::from_millis(190));
-    f.call(Req::Kill(pb::KillRequest { signal: 9, all: false }));
+    f.call(Req::Kill(pb::KillRequest {
+        signal: 9,
+        all: false,
+    }));
     let w = f.wait(10_000);
     assert_eq!(w.exit.unwrap().exit_code, 137);
     assert_eq!(f.state().status, pb::Status::Stopped as i32);
@@ -383,6 +421,32 @@ fn exec_sync_output_and_timeout() -> TestResult {
     let r = exec(&["echo", "hi"], 10_000);
     assert_eq!(String::from_utf8_lossy(&r.stdout), "hi\n");
     assert_eq!((r.exit_code, r.timed_out), (0, false));
+    let r = match f.call(Req::ExecSync(pb::ExecSyncRequest {
+        args: vec!["sh".into(), "-c".into(), "echo $FOO $PATH; pwd".into()],
+        env: vec!["FOO=bar".into()],
+        cwd: "/proc".into(),
+        timeout_ms: 10_000,
+        output_cap: 0,
+    })) {
+        Res::ExecSync(x) => x,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "bar /bin\n/proc\n");
+    let r = match f.call(Req::ExecSync(pb::ExecSyncRequest {
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "i=0; while [ $i -lt 1000 ]; do echo 0123456789; i=$((i+1)); done".into(),
+        ],
+        env: vec![],
+        cwd: String::new(),
+        timeout_ms: 10_000,
+        output_cap: 100,
+    })) {
+        Res::ExecSync(x) => x,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!((r.stdout.len(), r.exit_code), (100, 0));
     let r = exec(&["sh", "-c", "echo oops >&2; exit 4"], 10_000);
     assert_eq!(String::from_utf8_lossy(&r.stderr), "oops\n");
     assert_eq!(r.exit_code, 4);
@@ -391,8 +455,45 @@ fn exec_sync_output_and_timeout() -> TestResult {
     assert!(r.timed_out, "{r:?}");
     assert_eq!(r.exit_code, 137);
     assert!(t.elapsed() < Duration::from_secs(5));
+    // A command that cannot be run is an error or exit code, never a hang.
+    let r = f.try_call(Req::ExecSync(pb::ExecSyncRequest {
+        args: vec!["/no/such/binary".into()],
+        env: vec![],
+        cwd: String::new(),
+        timeout_ms: 5_000,
+        output_cap: 0,
+    }))?;
+    eprintln!("exec of a missing binary: {r:?}");
+    match r.result {
+        Some(Res::ExecSync(x)) => assert_ne!(x.exit_code, 0),
+        _ => assert!(!r.error.is_empty()),
+    }
     // The container itself still runs.
     assert_eq!(f.state().status, pb::Status::Running as i32);
+    // A failed exec leaves a zombie helper in the container's pid namespace; Delete must not
+    // deadlock on the init waiting for it.
+    let t = Instant::now();
+    f.delete();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    Ok(())
+}
+
+#[test]
+fn natural_exit_after_failed_exec_is_seen_promptly() -> TestResult {
+    let f = Fixture::new(&["sleep", "1"]).created();
+    f.start();
+    let r = f.try_call(Req::ExecSync(pb::ExecSyncRequest {
+        args: vec!["/no/such/binary".into()],
+        env: vec![],
+        cwd: String::new(),
+        timeout_ms: 5_000,
+        output_cap: 0,
+    }))?;
+    assert!(!r.error.is_empty() || r.result.is_some());
+    let t = Instant::now();
+    let w = f.wait(20_000);
+    assert_eq!(w.exit.unwrap().exit_code, 0);
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     Ok(())
 }
 
@@ -424,7 +525,12 @@ fn delete_removes_state_and_shim_exits() -> TestResult {
     assert_eq!(d.exit.unwrap().exit_code, 137);
     assert!(!state_dir.exists(), "container state left behind");
     assert!(!f.socket().exists(), "socket left behind");
-    assert!(!Path::new("/sys/fs/cgroup/memory").join(CGROUP_PARENT).join(&f.cgroup).exists());
+    assert!(
+        !Path::new("/sys/fs/cgroup/memory")
+            .join(CGROUP_PARENT)
+            .join(&f.cgroup)
+            .exists()
+    );
     assert_eq!(f.exit_json()["exit_code"], 137);
     Ok(())
 }
@@ -434,7 +540,10 @@ fn delete_of_never_started_container() -> TestResult {
     let f = Fixture::new(&["true"]).created();
     let init = f.init_pid.unwrap();
     f.delete();
-    assert!(!Path::new(&format!("/proc/{init}")).exists(), "init left behind");
+    assert!(
+        !Path::new(&format!("/proc/{init}")).exists(),
+        "init left behind"
+    );
     assert!(!f.state_root().join(&f.id).exists());
     Ok(())
 }
@@ -446,7 +555,10 @@ fn failed_create_exits_nonzero_naming_bundle() -> TestResult {
     let out = f.spawn();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains(&f.bundle().display().to_string()), "stderr: {err}");
+    assert!(
+        err.contains(&f.bundle().display().to_string()),
+        "stderr: {err}"
+    );
     assert!(!f.socket().exists(), "socket left behind");
     Ok(())
 }
@@ -456,6 +568,195 @@ fn bad_command_line_is_refused() {
     let out = Command::new(SHIM).args(["--id", "x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--bundle is required"));
+}
+
+#[test]
+fn silent_client_does_not_stall_others() -> TestResult {
+    let f = Fixture::new(&["sleep", "1000"]).created();
+    let _silent = UnixStream::connect(f.socket())?;
+    let mut half = UnixStream::connect(f.socket())?;
+    half.write_all(&[0, 0, 0, 9, 1])?;
+    let t = Instant::now();
+    f.start();
+    assert_eq!(f.state().status, pb::Status::Running as i32);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // A garbage request gets an error answer, not a crash.
+    let r = f.try_call(Req::Kill(pb::KillRequest {
+        signal: 999,
+        all: false,
+    }))?;
+    assert!(r.error.contains("bad signal"), "{r:?}");
+    Ok(())
+}
+
+#[test]
+fn kill_all_signals_the_cgroup() -> TestResult {
+    let f = Fixture::new(&["sh", "-c", "sleep 1000 & sleep 1000"]).created();
+    f.start();
+    std::thread::sleep(Duration::from_millis(200));
+    f.call(Req::Kill(pb::KillRequest {
+        signal: 9,
+        all: true,
+    }));
+    let w = f.wait(10_000);
+    assert_eq!(w.exit.unwrap().exit_code, 137);
+    // libcontainer marks the container stopped after any kill; the shim's own state must
+    // still accept a later State and Delete.
+    assert_eq!(f.state().status, pb::Status::Stopped as i32);
+    f.delete();
+    Ok(())
+}
+
+#[test]
+fn oom_kill_is_reported() -> TestResult {
+    let script = "x=aaaaaaaaaaaaaaaa; while :; do x=$x$x; done";
+    let f = Fixture::with_memory_limit(&["sh", "-c", script], Some(16 << 20)).created();
+    f.start();
+    let w = f.wait(30_000);
+    let exit = w.exit.unwrap();
+    assert_eq!(exit.exit_code, 137, "{exit:?}");
+    assert!(exit.oom_killed, "{exit:?}");
+    assert_eq!(exit.reason, "OOMKilled");
+    assert_eq!(f.exit_json()["reason"], "OOMKilled");
+    Ok(())
+}
+
+#[test]
+fn reopen_log_after_rotation() -> TestResult {
+    let script = "echo one; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two";
+    let f = Fixture::new(&["sh", "-c", script]).created();
+    f.start();
+    let until = Instant::now() + Duration::from_secs(10);
+    while f.log_records().is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rotated = f.dir.join("container.log.1");
+    fs::rename(f.log(), &rotated)?;
+    assert!(matches!(
+        f.call(Req::ReopenLog(pb::ReopenLogRequest {})),
+        Res::ReopenLog(_)
+    ));
+    fs::write(f.bundle().join("rootfs/tmp/go"), "")?;
+    assert_eq!(f.wait(10_000).exit.unwrap().exit_code, 0);
+    let new: Vec<_> = f.log_records().into_iter().map(|r| r.3).collect();
+    assert_eq!(new, vec!["two"]);
+    let old = fs::read_to_string(&rotated)?;
+    assert!(old.ends_with(" stdout F one\n"), "{old}");
+    Ok(())
+}
+
+#[test]
+fn new_shim_replaces_stale_container() -> TestResult {
+    let mut f = Fixture::new(&["sleep", "1000"]).created();
+    let (old_shim, old_init) = (f.shim_pid.unwrap(), f.init_pid.unwrap());
+    kill(old_shim, Signal::SIGKILL)?;
+    std::thread::sleep(Duration::from_millis(100));
+    // The old init waits forever in "created"; a new shim for the same id deletes it.
+    let out = f.spawn();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(f.init_pid.unwrap(), old_init);
+    std::thread::sleep(Duration::from_millis(100));
+    let stat = fs::read_to_string(format!("/proc/{old_init}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z"),
+        "old init alive: {stat}"
+    );
+    f.start();
+    assert_eq!(f.state().status, pb::Status::Running as i32);
+    Ok(())
+}
+
+#[test]
+fn tty_output_is_logged_as_stdout() -> TestResult {
+    let script = "echo hello-tty; echo to-stderr >&2; [ -t 1 ] && echo is-a-tty";
+    let f = Fixture::new(&["sh", "-c", script]).with_tty().created();
+    f.start();
+    assert_eq!(f.wait(10_000).exit.unwrap().exit_code, 0);
+    let recs = f.log_records();
+    let lines: Vec<_> = recs.iter().map(|r| (r.1.as_str(), r.3.as_str())).collect();
+    assert_eq!(
+        lines,
+        vec![
+            ("stdout", "hello-tty"),
+            ("stdout", "to-stderr"),
+            ("stdout", "is-a-tty")
+        ]
+    );
+    assert!(
+        !f.state_root()
+            .join(format!(".console-{}.sock", f.id))
+            .exists()
+    );
+    Ok(())
+}
+
+#[test]
+fn tty_flag_must_match_the_spec() -> TestResult {
+    let mut f = Fixture::new(&["true"]);
+    f.tty = true;
+    let out = f.spawn();
+    assert!(!out.status.success());
+    assert!(!f.socket().exists());
+    Ok(())
+}
+
+fn set_oom_score_adj(f: &Fixture, v: i64) {
+    let path = f.bundle().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    config["process"]["oomScoreAdj"] = serde_json::json!(v);
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+}
+
+fn own_oom_score_adj(pid: &str) -> i64 {
+    fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn oom_score_adj_applies_to_the_container_not_the_shim() -> TestResult {
+    let mine = own_oom_score_adj("self");
+    let wanted = (mine + 100).min(1000);
+    let f = Fixture::new(&["sh", "-c", "cat /proc/1/oom_score_adj"]);
+    set_oom_score_adj(&f, wanted);
+    let f = f.created();
+    let shim = f.shim_pid.unwrap().to_string();
+    assert_eq!(
+        own_oom_score_adj(&shim),
+        mine,
+        "shim kept the container's value"
+    );
+    f.start();
+    assert_eq!(f.wait(10_000).exit.unwrap().exit_code, 0);
+    assert_eq!(f.log_records()[0].3, wanted.to_string());
+    Ok(())
+}
+
+#[test]
+fn lowering_oom_score_adj_fails_clearly_or_works() -> TestResult {
+    let mine = own_oom_score_adj("self");
+    if mine <= -1000 {
+        return Ok(());
+    }
+    let f = Fixture::new(&["true"]);
+    set_oom_score_adj(&f, -1000);
+    let mut f = f;
+    let out = f.spawn();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("oomScoreAdj -1000"), "{err}");
+    }
+    Ok(())
 }
 
 #[test]
@@ -470,5 +771,12 @@ fn idle_rss_is_reported() -> TestResult {
         .unwrap_or("VmRSS: ?")
         .to_string();
     eprintln!("idle shim {rss} (this build profile)");
+    // The 2 MiB target is for release builds (measured by hand); this only catches regressions.
+    let kib: u64 = rss
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(kib > 0 && kib < 8 * 1024, "{rss}");
     Ok(())
 }

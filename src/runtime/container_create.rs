@@ -187,6 +187,7 @@ impl ContainerCreator {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
+        let config = &effective_namespaces(config, &paths);
         let input = SpecInput {
             container_id: id,
             sandbox_id: &req.pod_sandbox_id,
@@ -213,6 +214,32 @@ impl ContainerCreator {
         prepared.user = Some(user);
         Ok(())
     }
+}
+
+/// POD namespace modes follow the sandbox: a pod on the host's network or IPC makes its
+/// containers' POD mode the host's. A shared pod PID namespace needs the pod's own init
+/// process, which is not built yet: until then POD PID mode gives the container its own PID
+/// namespace (the kubelet asks for POD only for `shareProcessNamespace` pods).
+fn effective_namespaces(
+    config: &cri::ContainerConfig,
+    paths: &SandboxPaths,
+) -> cri::ContainerConfig {
+    let mut config = config.clone();
+    let linux = config.linux.get_or_insert_with(Default::default);
+    let sc = linux.security_context.get_or_insert_with(Default::default);
+    let ns = sc.namespace_options.get_or_insert_with(Default::default);
+    let pod = cri::NamespaceMode::Pod as i32;
+    if ns.network == pod && paths.net_ns.is_none() {
+        ns.network = cri::NamespaceMode::Node as i32;
+    }
+    if ns.ipc == pod && paths.ipc_ns.is_none() {
+        ns.ipc = cri::NamespaceMode::Node as i32;
+    }
+    if ns.pid == pod && paths.pid_ns.is_none() {
+        tracing::warn!("shared pod PID namespace is not supported yet: the container gets its own");
+        ns.pid = cri::NamespaceMode::Container as i32;
+    }
+    config
 }
 
 impl Prepared {
