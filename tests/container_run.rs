@@ -177,18 +177,53 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .expect("stop");
     let s = wait_exited(&c, &sleeper).await;
     assert_eq!(s.exit_code, 137, "SIGKILL after the timeout");
-    for id in [id, sleeper] {
-        c.runtime()
-            .remove_container(cri::RemoveContainerRequest { container_id: id })
-            .await
-            .expect("remove");
-    }
+    c.runtime()
+        .remove_container(cri::RemoveContainerRequest { container_id: id })
+        .await
+        .expect("remove");
+    // A running container goes with its sandbox: stop then remove the pod.
+    let last = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(container("last", &busybox, "sleep 1000")),
+            sandbox_config: Some(sandbox_cfg.clone()),
+        })
+        .await
+        .expect("create last")
+        .into_inner()
+        .container_id;
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: last.clone(),
+        })
+        .await
+        .expect("start last");
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.clone(),
+        })
+        .await
+        .expect("stop sandbox");
+    let s = wait_exited(&c, &last).await;
+    assert_eq!(s.exit_code, 137);
     c.runtime()
         .remove_pod_sandbox(cri::RemovePodSandboxRequest {
             pod_sandbox_id: sandbox,
         })
         .await
         .expect("remove sandbox");
+    let listed = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert!(
+        listed.is_empty(),
+        "containers removed with their sandbox: {listed:?}"
+    );
     let left: Vec<_> = std::fs::read_dir(d.root().join("containers"))
         .map(|r| r.flatten().collect())
         .unwrap_or_default();

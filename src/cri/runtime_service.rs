@@ -118,7 +118,14 @@ async fn stop_pod_sandbox(
     &self,
     request: Request<cri::StopPodSandboxRequest>,
 ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
-    self.sandboxes.stop(&request.get_ref().pod_sandbox_id).await?;
+    let id = &request.get_ref().pod_sandbox_id;
+    // Its containers first (the CRI asks StopPodSandbox to stop them all).
+    if let Ok(sandbox) = self.sandboxes.get(id) {
+        for c in self.containers.in_sandbox(&sandbox.id)? {
+            self.containers.stop(&c, 0).await?;
+        }
+    }
+    self.sandboxes.stop(id).await?;
     Ok(Response::new(cri::StopPodSandboxResponse {}))
 }
 
@@ -126,7 +133,13 @@ async fn remove_pod_sandbox(
     &self,
     request: Request<cri::RemovePodSandboxRequest>,
 ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
-    self.sandboxes.remove(&request.get_ref().pod_sandbox_id).await?;
+    let id = &request.get_ref().pod_sandbox_id;
+    if let Ok(sandbox) = self.sandboxes.get(id) {
+        for c in self.containers.in_sandbox(&sandbox.id)? {
+            self.containers.remove(&c).await?;
+        }
+    }
+    self.sandboxes.remove(id).await?;
     Ok(Response::new(cri::RemovePodSandboxResponse {}))
 }
 

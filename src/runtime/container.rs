@@ -600,6 +600,16 @@ impl ContainerManager {
         Ok(())
     }
 
+    /// Ids of the containers of sandbox `sandbox_id` (exact id).
+    pub fn in_sandbox(&self, sandbox_id: &str) -> Result<Vec<String>, ContainerError> {
+        Ok(self
+            .records()?
+            .into_iter()
+            .filter(|r| r.sandbox_id == sandbox_id)
+            .map(|r| r.id)
+            .collect())
+    }
+
     /// ContainerStatus.
     pub async fn status(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
         let rec = self.get(id)?;
