@@ -181,13 +181,11 @@ impl ContainerManager {
                 manager.delete(&rec.id)?;
                 continue;
             }
-            let mut fp = [0u8; 32];
-            if let Ok(b) = hex::decode(&rec.fingerprint_hex)
-                && b.len() == 32
-            {
-                fp.copy_from_slice(&b);
-            }
-            manager.names.restore(&rec.name, &rec.id, fp);
+            manager.names.restore(
+                &rec.name,
+                &rec.id,
+                names::fingerprint_from_hex(&rec.fingerprint_hex),
+            );
         }
         Ok(manager)
     }
@@ -215,22 +213,10 @@ impl ContainerManager {
         if id.is_empty() {
             return Err(ContainerError::NotFound("(empty id)".into()));
         }
-        if let Some(r) = self
-            .store
-            .get_record::<ContainerRecord>(CONTAINERS, id)
+        self.store
+            .find_record(CONTAINERS, id, |r: &ContainerRecord| r.id.as_str())
             .map_err(|e| ContainerError::Internal(e.to_string()))?
-        {
-            return Ok(r);
-        }
-        let mut m: Vec<_> = self
-            .records()?
-            .into_iter()
-            .filter(|r| r.id.starts_with(id))
-            .collect();
-        match m.len() {
-            1 => Ok(m.remove(0)),
-            _ => Err(ContainerError::NotFound(id.to_string())),
-        }
+            .ok_or_else(|| ContainerError::NotFound(id.to_string()))
     }
 
     /// CreateContainer: the first call's id for a retried request.

@@ -161,6 +161,18 @@ impl NameRegistry {
     }
 }
 
+/// A fingerprint stored as hex (all zeroes when it does not decode: such a record's name can
+/// still be reused by a retry only with the same zero fingerprint, i.e. never by accident).
+pub fn fingerprint_from_hex(hex_text: &str) -> [u8; 32] {
+    let mut fp = [0u8; 32];
+    if let Ok(b) = hex::decode(hex_text)
+        && b.len() == 32
+    {
+        fp.copy_from_slice(&b);
+    }
+    fp
+}
+
 /// The fingerprint of a request: sha256 of its protobuf encoding.
 pub fn fingerprint<M: prost::Message>(request: &M) -> [u8; 32] {
     use sha2::Digest;

@@ -148,13 +148,11 @@ impl SandboxManager {
                 }
                 _ => {}
             }
-            let mut fp = [0u8; 32];
-            if let Ok(b) = hex::decode(&rec.fingerprint_hex)
-                && b.len() == 32
-            {
-                fp.copy_from_slice(&b);
-            }
-            manager.names.restore(&rec.name, &rec.id, fp);
+            manager.names.restore(
+                &rec.name,
+                &rec.id,
+                names::fingerprint_from_hex(&rec.fingerprint_hex),
+            );
         }
         Ok(manager)
     }
@@ -184,22 +182,10 @@ impl SandboxManager {
                 "pod sandbox id is empty".into(),
             ));
         }
-        if let Some(rec) = self
-            .store
-            .get_record::<SandboxRecord>(SANDBOXES, id)
+        self.store
+            .find_record(SANDBOXES, id, |r: &SandboxRecord| r.id.as_str())
             .map_err(|e| SandboxError::Internal(e.to_string()))?
-        {
-            return Ok(rec);
-        }
-        let mut matches: Vec<SandboxRecord> = self
-            .records()?
-            .into_iter()
-            .filter(|r| r.id.starts_with(id))
-            .collect();
-        match matches.len() {
-            1 => Ok(matches.remove(0)),
-            _ => Err(SandboxError::NotFound(id.to_string())),
-        }
+            .ok_or_else(|| SandboxError::NotFound(id.to_string()))
     }
 
     /// Every sandbox (Creating ones included).

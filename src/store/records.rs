@@ -74,4 +74,26 @@ impl Store {
         txn.commit()?;
         Ok(())
     }
+
+    /// The record whose id is `id`, or else the only one whose id starts with `id`.
+    pub fn find_record<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        id: &str,
+        id_of: impl Fn(&T) -> &str,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(rec) = self.get_record(table, id)? {
+            return Ok(Some(rec));
+        }
+        let mut matches: Vec<T> = self
+            .list_records(table)?
+            .into_iter()
+            .filter(|r| id_of(r).starts_with(id))
+            .collect();
+        Ok(if matches.len() == 1 {
+            matches.pop()
+        } else {
+            None
+        })
+    }
 }
