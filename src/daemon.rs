@@ -38,6 +38,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.state_dir,
         shim,
     )
+    .await
     .map_err(|e| anyhow::anyhow!("loading containers: {e}"))?;
     let shutdown = async {
         let mut term =

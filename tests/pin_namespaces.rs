@@ -3,31 +3,9 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 
 use berth::runtime::pin::{PinError, PinRequest, pin, unpin};
-use common::TempDir;
-
-fn nsenter(args: &[&str]) -> String {
-    let out = Command::new("nsenter")
-        .args(args)
-        .output()
-        .expect("nsenter");
-    assert!(
-        out.status.success(),
-        "nsenter {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn mounted(path: &std::path::Path) -> bool {
-    let p = path.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
-}
+use common::{TempDir, mounted, nsenter};
 
 #[tokio::test]
 async fn pod_namespaces_are_pinned_configured_and_removed() {

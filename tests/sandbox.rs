@@ -90,27 +90,6 @@ fn path(v: &serde_json::Value) -> PathBuf {
     PathBuf::from(v.as_str().unwrap_or_default())
 }
 
-fn mounted(p: &std::path::Path) -> bool {
-    let p = p.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
-}
-
-fn nsenter(args: &[&str]) -> String {
-    let out = std::process::Command::new("nsenter")
-        .args(args)
-        .output()
-        .expect("nsenter");
-    assert!(
-        out.status.success(),
-        "nsenter {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// A unique cgroup parent, removed at the end even on failure.
 struct CgroupParent(String);
 

@@ -156,7 +156,7 @@ fn parse_rfc3339_utc(s: &str) -> Option<i64> {
 
 impl ContainerManager {
     /// Loads containers and repairs what a crash left (see the module doc).
-    pub fn open(
+    pub async fn open(
         store: Store,
         images: ImageManager,
         creator: Arc<ContainerCreator>,
@@ -177,7 +177,7 @@ impl ContainerManager {
         for rec in manager.records()? {
             if rec.state == ContainerState::Creating {
                 tracing::info!(container = %rec.id, "rolling back a container that was half created");
-                manager.teardown(&rec);
+                manager.teardown(&rec).await;
                 manager.delete(&rec.id)?;
                 continue;
             }
@@ -251,9 +251,15 @@ impl ContainerManager {
             }
             Reservation::New(t) => t,
         };
-        let sandbox = self.sandboxes.get(&req.pod_sandbox_id).map_err(|e| {
-            ContainerError::Internal(format!("CreateContainer: sandbox vanished: {e}"))
-        })?;
+        let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
+            Ok(s) => s,
+            Err(e) => {
+                prepared.undo(&self.images);
+                return Err(ContainerError::Internal(format!(
+                    "CreateContainer: sandbox vanished: {e}"
+                )));
+            }
+        };
         let log_dir = sandbox.config().log_directory;
         let log_path = match (log_dir.is_empty(), config.log_path.is_empty()) {
             (false, false) => PathBuf::from(&log_dir).join(&config.log_path),
@@ -295,17 +301,23 @@ impl ContainerManager {
             groups: user.supplemental_groups.clone(),
         };
         let _guard = self.lock.lock().await;
-        self.save(&rec)?;
-        match self.spawn_shim(&rec, config).await {
+        let mut rec = rec;
+        let made = async {
+            self.save(&rec)?;
+            self.spawn_shim(&rec, config).await?;
+            rec.state = ContainerState::Created;
+            self.save(&rec)
+        }
+        .await;
+        match made {
             Ok(()) => {
-                let mut rec = rec;
-                rec.state = ContainerState::Created;
-                self.save(&rec)?;
                 ticket.created();
                 tracing::info!(container = %rec.id, "container created");
                 Ok(rec.id)
             }
             Err(e) => {
+                // Whatever step failed, nothing stays: shim, rootfs, snapshot, bundle, record.
+                self.teardown(&rec).await;
                 prepared.undo(&self.images);
                 let _ = self.delete(&rec.id);
                 Err(e)
@@ -494,25 +506,22 @@ impl ContainerManager {
             Err(e) => return Err(e),
         };
         let _guard = self.lock.lock().await;
-        self.teardown(&rec);
+        self.teardown(&rec).await;
         self.delete(&rec.id)?;
         self.names.release(&rec.name, &rec.id);
         Ok(())
     }
 
     /// Removes the shim (kill + delete), the rootfs mount, the snapshot and the bundle.
-    fn teardown(&self, rec: &ContainerRecord) {
+    async fn teardown(&self, rec: &ContainerRecord) {
         let socket = rec.socket.clone();
         // Delete through the shim; a gone shim is fine.
-        let handle = tokio::runtime::Handle::try_current();
-        if let Ok(h) = handle {
-            let _ = tokio::task::block_in_place(|| {
-                h.block_on(ShimClient::new(&socket).call(
-                    api::request::Request::Delete(api::DeleteRequest {}),
-                    Duration::from_secs(10),
-                ))
-            });
-        }
+        let _ = ShimClient::new(&socket)
+            .call(
+                api::request::Request::Delete(api::DeleteRequest {}),
+                Duration::from_secs(10),
+            )
+            .await;
         let mut prepared = Prepared {
             id: rec.id.clone(),
             snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),

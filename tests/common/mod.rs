@@ -285,3 +285,26 @@ pub fn hack(script: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).to_string()
 }
+
+/// Whether `path` is a mount point.
+pub fn mounted(path: &Path) -> bool {
+    let p = path.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+/// Runs `nsenter ARGS`, panicking on failure; returns trimmed stdout.
+pub fn nsenter(args: &[&str]) -> String {
+    let out = Command::new("nsenter")
+        .args(args)
+        .output()
+        .expect("nsenter");
+    assert!(
+        out.status.success(),
+        "nsenter {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
