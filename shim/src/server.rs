@@ -622,6 +622,7 @@ impl Shim {
         match init {
             Init::Created { pid, pidfd } => match self.ctr.start() {
                 Ok(()) => {
+                    wait_for_exec(pid);
                     self.init = Init::Running { pid, pidfd };
                     Ok(pb::StartResponse {
                         pid: pid.as_raw().unsigned_abs(),
@@ -784,6 +785,33 @@ impl Shim {
 }
 
 /// A stand-in while `start` moves the init state out and back.
+/// Waits (at most 2 s) until the started init has exec'd the container's program.
+///
+/// libcontainer's start only releases the init, which still runs our own image until its
+/// execve. A stop signal sent in that window reaches a pid-namespace init that has not yet
+/// installed its handlers and is dropped, so StartContainer returns once the image changed.
+fn wait_for_exec(pid: Pid) {
+    use std::os::unix::fs::MetadataExt;
+    let exe = PathBuf::from(format!("/proc/{}/exe", pid.as_raw()));
+    // Compared by inode: the init's path may read differently once it pivoted its root.
+    let ident = |m: fs::Metadata| (m.dev(), m.ino());
+    let Ok(before) = fs::metadata("/proc/self/exe").map(ident) else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut pause = Duration::from_micros(50);
+    while Instant::now() < deadline {
+        match fs::metadata(&exe).map(ident) {
+            Ok(now) if now != before => return,
+            Ok(_) => {}
+            Err(_) => return, // exited (or reaped): nothing to wait for
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+    tracing::warn!(pid = pid.as_raw(), "container init did not exec within 2 s");
+}
+
 fn placeholder() -> ExitInfo {
     ExitInfo {
         exit_code: -1,
