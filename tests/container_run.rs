@@ -5,67 +5,6 @@ mod common;
 use common::*;
 use k8s_cri::v1 as cri;
 
-fn sandbox_config(name: &str, log_dir: &std::path::Path) -> cri::PodSandboxConfig {
-    cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        hostname: name.into(),
-        log_directory: log_dir.display().to_string(),
-        ..Default::default()
-    }
-}
-
-fn container(name: &str, image: &str, script: &str) -> cri::ContainerConfig {
-    cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        log_path: format!("{name}.log"),
-        linux: Some(cri::LinuxContainerConfig {
-            security_context: Some(cri::LinuxContainerSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    pid: cri::NamespaceMode::Container as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn wait_exited(c: &berth::client::CriClient, id: &str) -> cri::ContainerStatus {
-    for _ in 0..500 {
-        let s = c
-            .runtime()
-            .container_status(cri::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: false,
-            })
-            .await
-            .expect("status")
-            .into_inner()
-            .status
-            .expect("status");
-        if s.state == cri::ContainerState::ContainerExited as i32 {
-            return s;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("container {id} did not exit");
-}
-
 #[tokio::test]
 async fn a_container_runs_logs_and_reports_its_exit() {
     let d = Daemon::start();
@@ -73,7 +12,7 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     let busybox = image("busybox");
     pull(&c, &busybox).await.expect("pull");
     let logs = d.dir.path().join("logs");
-    let sandbox_cfg = sandbox_config("runner", &logs);
+    let sandbox_cfg = pod_config("runner", &logs, cri::NamespaceMode::Container);
     let sandbox = c
         .runtime()
         .run_pod_sandbox(cri::RunPodSandboxRequest {
@@ -88,10 +27,11 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .runtime()
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
-            config: Some(container(
+            config: Some(sh_container(
                 "echo",
                 &busybox,
                 "echo hello; echo oops >&2; exit 3",
+                cri::NamespaceMode::Container,
             )),
             sandbox_config: Some(sandbox_cfg.clone()),
         })
@@ -134,7 +74,12 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .runtime()
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
-            config: Some(container("sleeper", &busybox, "sleep 1000")),
+            config: Some(sh_container(
+                "sleeper",
+                &busybox,
+                "sleep 1000",
+                cri::NamespaceMode::Container,
+            )),
             sandbox_config: Some(sandbox_cfg.clone()),
         })
         .await
@@ -186,7 +131,12 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .runtime()
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
-            config: Some(container("last", &busybox, "sleep 1000")),
+            config: Some(sh_container(
+                "last",
+                &busybox,
+                "sleep 1000",
+                cri::NamespaceMode::Container,
+            )),
             sandbox_config: Some(sandbox_cfg.clone()),
         })
         .await

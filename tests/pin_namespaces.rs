@@ -14,6 +14,8 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
         net: Some(dir.path().join("netns")),
         ipc: Some(dir.path().join("ipcns")),
         uts: Some(dir.path().join("utsns")),
+        pid: Some(dir.path().join("pidns")),
+        cgroups: Vec::new(),
         hostname: Some("pod-a".into()),
         sysctls: vec![
             ("net.ipv4.ip_unprivileged_port_start".into(), "80".into()),
@@ -21,13 +23,28 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
         ],
     };
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
-    pin(exe, &req).await.expect("pin");
+    let init = pin(exe, &req).await.expect("pin").expect("a pod init");
+    assert!(init.is_running());
     let net = req.net.clone().expect("net");
     let ipc = req.ipc.clone().expect("ipc");
     let uts = req.uts.clone().expect("uts");
-    for p in [&net, &ipc, &uts] {
+    let pid = req.pid.clone().expect("pid");
+    for p in [&net, &ipc, &uts, &pid] {
         assert!(mounted(p), "{} is a mount", p.display());
     }
+    // The pinned PID namespace is the init's, and the init is its pid 1.
+    let init_ns = std::fs::metadata(format!("/proc/{}/ns/pid", init.pid)).expect("init ns");
+    assert_eq!(init_ns.ino(), std::fs::metadata(&pid).expect("pidns").ino());
+    let p = format!("--pid={}", pid.display());
+    // A process entering it gets a small pid of that namespace (pid 1 is the init; were the
+    // init gone, the fork would fail).
+    let inner: u32 = nsenter(&[&p, "sh", "-c", "echo $$"])
+        .parse()
+        .expect("pid");
+    assert!(
+        (2..1000).contains(&inner),
+        "pid {inner} inside the pod namespace"
+    );
     // New namespaces, not the host's.
     let host_net = std::fs::metadata("/proc/self/ns/net")
         .expect("host ns")
@@ -52,9 +69,11 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
         "lo is up: {links}"
     );
 
+    init.kill();
     unpin(&req);
     unpin(&req); // idempotent
-    for p in [&net, &ipc, &uts] {
+    assert!(!init.is_running());
+    for p in [&net, &ipc, &uts, &pid] {
         assert!(!p.exists() && !mounted(p), "{} removed", p.display());
     }
 }

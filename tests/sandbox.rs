@@ -421,6 +421,8 @@ async fn sandboxes_survive_kill_9_and_half_created_ones_are_rolled_back() {
             net_ns: pins.net.clone(),
             ipc_ns: None,
             uts_ns: None,
+            pid_ns: None,
+            pod_init: None,
             shm: None,
             cgroup_parent: String::new(),
             created_cgroups: Vec::new(),

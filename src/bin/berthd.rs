@@ -56,12 +56,21 @@ enum Command {
         ipc: Option<PathBuf>,
         #[arg(long)]
         uts: Option<PathBuf>,
+        /// Pin a new PID namespace here, with berth-pod-init as its init.
+        #[arg(long)]
+        pid: Option<PathBuf>,
+        /// cgroup directory the pod init joins (repeatable).
+        #[arg(long = "cgroup")]
+        cgroups: Vec<PathBuf>,
         #[arg(long)]
         hostname: Option<String>,
         /// NAME=VALUE (repeatable).
         #[arg(long = "sysctl")]
         sysctls: Vec<String>,
     },
+    /// Internal: pid 1 of a pod's shared PID namespace (started by pin-namespaces).
+    #[command(hide = true)]
+    PodInit,
 }
 
 #[derive(Subcommand)]
@@ -109,10 +118,15 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(Command::PodInit) = &cli.command {
+        berth::runtime::pin::run_pod_init();
+    }
     if let Some(Command::PinNamespaces {
         net,
         ipc,
         uts,
+        pid,
+        cgroups,
         hostname,
         sysctls,
     }) = &cli.command
@@ -121,6 +135,8 @@ fn main() {
             net: net.clone(),
             ipc: ipc.clone(),
             uts: uts.clone(),
+            pid: pid.clone(),
+            cgroups: cgroups.clone(),
             hostname: hostname.clone(),
             sysctls: sysctls
                 .iter()

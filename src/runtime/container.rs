@@ -239,7 +239,8 @@ impl ContainerManager {
             meta.name, sandbox_name, req.pod_sandbox_id, meta.attempt
         );
         let fingerprint = names::fingerprint(req);
-        let mut prepared = self.creator.create(req).await?;
+        let target_pid_ns = self.target_pid_namespace(config).await?;
+        let mut prepared = self.creator.create(req, target_pid_ns).await?;
         let ticket = match self.names.reserve(&name, fingerprint, &prepared.id).await {
             Reservation::Existing(id) => {
                 prepared.undo(&self.images);
@@ -322,6 +323,44 @@ impl ContainerManager {
                 let _ = self.delete(&rec.id);
                 Err(e)
             }
+        }
+    }
+
+    /// For PID mode TARGET: the PID namespace of the running target container.
+    async fn target_pid_namespace(
+        &self,
+        config: &cri::ContainerConfig,
+    ) -> Result<Option<PathBuf>, ContainerError> {
+        let Some(opts) = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .filter(|o| o.pid == cri::NamespaceMode::Target as i32)
+        else {
+            return Ok(None);
+        };
+        let target = match self.get(&opts.target_id) {
+            Ok(t) => t,
+            Err(ContainerError::NotFound(_)) => {
+                return Err(CreateError::NotFound(format!(
+                    "CreateContainer: PID namespace target container {:?} not found",
+                    opts.target_id
+                ))
+                .into());
+            }
+            Err(e) => return Err(e),
+        };
+        let state = ShimClient::new(&target.socket).state(SHIM_CALL).await;
+        match state {
+            Ok(s) if s.status == api::Status::Running as i32 && s.pid != 0 => {
+                Ok(Some(PathBuf::from(format!("/proc/{}/ns/pid", s.pid))))
+            }
+            _ => Err(CreateError::FailedPrecondition(format!(
+                "CreateContainer: PID namespace target container {} is not running",
+                target.id
+            ))
+            .into()),
         }
     }
 

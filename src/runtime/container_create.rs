@@ -66,7 +66,12 @@ impl ContainerCreator {
     }
 
     /// Checks the request and prepares the bundle; on error nothing is left behind.
-    pub async fn create(&self, req: &cri::CreateContainerRequest) -> Result<Prepared, CreateError> {
+    /// `target_pid_ns` is the PID namespace of the container PID mode TARGET names.
+    pub async fn create(
+        &self,
+        req: &cri::CreateContainerRequest,
+        target_pid_ns: Option<PathBuf>,
+    ) -> Result<Prepared, CreateError> {
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
             Err(SandboxError::NotFound(id)) => {
@@ -126,7 +131,15 @@ impl ContainerCreator {
             ..Default::default()
         };
         match self
-            .prepare(&id, &sandbox, req, config, &image.record, &mut prepared)
+            .prepare(
+                &id,
+                &sandbox,
+                req,
+                config,
+                &image.record,
+                &mut prepared,
+                &target_pid_ns,
+            )
             .await
         {
             Ok(()) => Ok(prepared),
@@ -145,6 +158,7 @@ impl ContainerCreator {
         config: &cri::ContainerConfig,
         image: &crate::store::ImageRecord,
         prepared: &mut Prepared,
+        target_pid_ns: &Option<PathBuf>,
     ) -> Result<(), CreateError> {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
@@ -180,8 +194,8 @@ impl ContainerCreator {
             net_ns: sandbox.net_ns.clone(),
             ipc_ns: sandbox.ipc_ns.clone(),
             uts_ns: sandbox.uts_ns.clone(),
-            pid_ns: None,
-            target_pid_ns: None,
+            pid_ns: sandbox.pid_ns.clone().filter(|p| p.exists()),
+            target_pid_ns: target_pid_ns.clone(),
         };
         let own_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
             .ok()
@@ -217,9 +231,9 @@ impl ContainerCreator {
 }
 
 /// POD namespace modes follow the sandbox: a pod on the host's network or IPC makes its
-/// containers' POD mode the host's. A shared pod PID namespace needs the pod's own init
-/// process, which is not built yet: until then POD PID mode gives the container its own PID
-/// namespace (the kubelet asks for POD only for `shareProcessNamespace` pods).
+/// containers' POD mode the host's. POD PID mode joins the pod's shared PID namespace when
+/// the sandbox made one (it asked for POD PID mode too, as the kubelet always does);
+/// otherwise the container gets its own.
 fn effective_namespaces(
     config: &cri::ContainerConfig,
     paths: &SandboxPaths,
@@ -236,7 +250,7 @@ fn effective_namespaces(
         ns.ipc = cri::NamespaceMode::Node as i32;
     }
     if ns.pid == pod && paths.pid_ns.is_none() {
-        tracing::warn!("shared pod PID namespace is not supported yet: the container gets its own");
+        tracing::warn!("the pod has no shared PID namespace: the container gets its own");
         ns.pid = cri::NamespaceMode::Container as i32;
     }
     config

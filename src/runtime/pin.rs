@@ -6,6 +6,11 @@
 //! `berthd pin-namespaces …` ([`run_pin_child`]), which is single-threaded, unshares, sets the
 //! hostname, brings loopback up, applies sysctls, bind-mounts `/proc/self/ns/<kind>` onto the
 //! target files and exits. Removing a pod unmounts and deletes the files.
+//!
+//! A pod that shares one PID namespace among its containers needs a live process as that
+//! namespace's init (a PID namespace whose init died accepts no new process). The pin child
+//! then also unshares the PID namespace and starts `berth-pod-init` ([`run_pod_init`]) in it:
+//! a detached process that only reaps orphans, pinned like the others and killed with the pod.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +23,10 @@ pub struct PinRequest {
     pub ipc: Option<PathBuf>,
     /// File to pin a new UTS namespace on.
     pub uts: Option<PathBuf>,
+    /// File to pin a new PID namespace on; its init is `berth-pod-init`.
+    pub pid: Option<PathBuf>,
+    /// cgroup directories the pod init joins (the pod's cgroup, one per hierarchy).
+    pub cgroups: Vec<PathBuf>,
     /// Hostname to set in the new UTS namespace.
     pub hostname: Option<String>,
     /// Sysctls (`net.*` in the new network namespace, `kernel.shm*`/`kernel.msg*`/`kernel.sem`/
@@ -91,8 +100,76 @@ pub fn validate_sysctls(req: &PinRequest) -> Result<(), PinError> {
     Ok(())
 }
 
+/// The pod's init process: host pid and start time (clock ticks since boot), which together
+/// name it even after its pid is reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PodInit {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl PodInit {
+    /// The process `pid` with its current start time, if it exists.
+    pub fn of(pid: i32) -> Option<Self> {
+        start_time(pid).map(|start_time| Self { pid, start_time })
+    }
+
+    /// Whether this exact process still exists (a zombie included).
+    pub fn alive(&self) -> bool {
+        start_time(self.pid) == Some(self.start_time)
+    }
+
+    /// Whether it runs: exists and is not a zombie waiting for the host's init to reap it.
+    pub fn is_running(&self) -> bool {
+        self.alive() && proc_state(self.pid).is_some_and(|s| s != 'Z' && s != 'X')
+    }
+
+    /// SIGKILLs it (which kills every process of its PID namespace) and waits until it is
+    /// gone (at most 1 s); gone already is fine.
+    pub fn kill(&self) {
+        if !self.alive() {
+            return;
+        }
+        let Some(pid) = rustix::process::Pid::from_raw(self.pid) else {
+            return;
+        };
+        if let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
+            tracing::warn!(pid = self.pid, error = %e, "killing the pod init");
+            return;
+        }
+        // The kernel ends the namespace's other processes with it: give that a moment, so the
+        // pod's cgroup can be removed right after.
+        for _ in 0..200 {
+            if !self.is_running() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        tracing::warn!(pid = self.pid, "the pod init did not die within 1 s of SIGKILL");
+    }
+}
+
+/// Fields 3 onwards of `/proc/<pid>/stat` (after the command name).
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks since boot.
+fn start_time(pid: i32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// Field 3 of `/proc/<pid>/stat`: R, S, D, Z, ...
+fn proc_state(pid: i32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
 /// Pins the namespaces by running `exe pin-namespaces` (berthd itself); waits for it.
-pub async fn pin(exe: &Path, req: &PinRequest) -> Result<(), PinError> {
+/// Returns the pod init when a PID namespace was asked for.
+pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<PodInit>, PinError> {
     validate_sysctls(req)?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("pin-namespaces");
@@ -100,10 +177,14 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<(), PinError> {
         ("--net", &req.net),
         ("--ipc", &req.ipc),
         ("--uts", &req.uts),
+        ("--pid", &req.pid),
     ] {
         if let Some(p) = path {
             cmd.arg(flag).arg(p);
         }
+    }
+    for dir in &req.cgroups {
+        cmd.arg("--cgroup").arg(dir);
     }
     if let Some(h) = &req.hostname {
         cmd.arg("--hostname").arg(h);
@@ -117,7 +198,20 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<(), PinError> {
         .await
         .map_err(|e| PinError::Child(format!("starting {}: {e}", exe.display())))?;
     if out.status.success() {
-        return Ok(());
+        if req.pid.is_none() {
+            return Ok(None);
+        }
+        let printed = String::from_utf8_lossy(&out.stdout);
+        return match printed.trim().parse::<i32>().ok().and_then(PodInit::of) {
+            Some(init) => Ok(Some(init)),
+            None => {
+                unpin(req);
+                Err(PinError::Child(format!(
+                    "the pod init did not start (pin child printed {:?})",
+                    printed.trim()
+                )))
+            }
+        };
     }
     // A failed child may have pinned some namespaces already.
     unpin(req);
@@ -128,7 +222,10 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<(), PinError> {
 
 /// Unmounts and removes pinned namespace files; absent ones are fine. Idempotent.
 pub fn unpin(req: &PinRequest) {
-    for path in [&req.net, &req.ipc, &req.uts].into_iter().flatten() {
+    for path in [&req.net, &req.ipc, &req.uts, &req.pid]
+        .into_iter()
+        .flatten()
+    {
         match rustix::mount::unmount(path.as_path(), rustix::mount::UnmountFlags::DETACH) {
             Ok(()) | Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {}
             Err(e) => {
@@ -177,25 +274,114 @@ pub fn run_pin_child(req: &PinRequest) -> Result<(), PinError> {
         std::fs::write(&path, value).map_err(step(format!("sysctl {name}={value}")))?;
     }
     for (kind, target) in [("net", &req.net), ("ipc", &req.ipc), ("uts", &req.uts)] {
-        let Some(target) = target else { continue };
-        if let Some(dir) = target.parent() {
-            std::fs::create_dir_all(dir).map_err(step(format!("creating {}", dir.display())))?;
+        if let Some(target) = target {
+            bind_namespace(&format!("/proc/self/ns/{kind}"), target)?;
         }
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(target)
-            .map_err(step(format!("creating {}", target.display())))?;
-        let source = format!("/proc/self/ns/{kind}");
-        rustix::mount::mount_bind(source.as_str(), target.as_path()).map_err(|e| {
-            PinError::Step {
-                step: format!("bind-mounting {source} on {}", target.display()),
-                error: e.into(),
-            }
-        })?;
+    }
+    if let Some(target) = &req.pid {
+        let init = start_pod_init(&req.cgroups)?;
+        let bound = bind_namespace(&format!("/proc/{init}/ns/pid"), target);
+        if bound.is_err()
+            && let Some(pid) = rustix::process::Pid::from_raw(init)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+        bound?;
+        println!("{init}");
     }
     Ok(())
+}
+
+/// Bind-mounts the namespace file `source` on `target` (created empty first).
+fn bind_namespace(source: &str, target: &Path) -> Result<(), PinError> {
+    if let Some(dir) = target.parent() {
+        std::fs::create_dir_all(dir).map_err(step(format!("creating {}", dir.display())))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(target)
+        .map_err(step(format!("creating {}", target.display())))?;
+    rustix::mount::mount_bind(source, target).map_err(|e| PinError::Step {
+        step: format!("bind-mounting {source} on {}", target.display()),
+        error: e.into(),
+    })
+}
+
+/// Unshares the PID namespace and starts `berth-pod-init` as its pid 1, detached (own
+/// session, stdio on /dev/null) in `cgroups`; returns its host pid.
+fn start_pod_init(cgroups: &[PathBuf]) -> Result<i32, PinError> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: this process is single-threaded (see run_pin_child); unsharing the PID namespace
+    // affects only the children it creates next, of which the pod init is the first.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWPID) }.map_err(
+        |e| PinError::Step {
+            step: "unshare PID namespace".into(),
+            error: e.into(),
+        },
+    )?;
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg0("berth-pod-init")
+        .arg("pod-init")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(step("starting berth-pod-init"))?;
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    for dir in cgroups {
+        let procs = dir.join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, pid.to_string()) {
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+            return Err(PinError::Step {
+                step: format!("moving the pod init into {}", procs.display()),
+                error: e,
+            });
+        }
+    }
+    // The child is not waited for: once this process exits it is re-parented to the host's
+    // init (or a subreaper), and lives as long as the pod.
+    std::mem::forget(child);
+    Ok(pid)
+}
+
+/// The body of `berth-pod-init`: pid 1 of a pod's shared PID namespace. Reaps whatever is
+/// re-parented to it and exits on SIGTERM or SIGINT. Runs single-threaded, never returns.
+pub fn run_pod_init() -> ! {
+    // SAFETY: sigset_t is a plain C bitmask; sigemptyset/sigaddset initialise it, and
+    // sigprocmask/sigwait only read it. This process is single-threaded.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        loop {
+            let mut sig: libc::c_int = 0;
+            if libc::sigwait(&set, &mut sig) != 0 {
+                continue;
+            }
+            match sig {
+                libc::SIGCHLD => {
+                    while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+                }
+                libc::SIGTERM | libc::SIGINT => libc::_exit(0),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Brings `lo` up in the current network namespace.

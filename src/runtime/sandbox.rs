@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cgroups::{self, Layout};
 use super::names::{self, NameRegistry, Reservation};
-use super::pin::{self, PinRequest};
+use super::pin::{self, PinRequest, PodInit};
 use super::sandbox_files;
 use crate::store::{SANDBOXES, Store};
 
@@ -69,6 +69,12 @@ pub struct SandboxRecord {
     pub net_ns: Option<PathBuf>,
     pub ipc_ns: Option<PathBuf>,
     pub uts_ns: Option<PathBuf>,
+    /// The pod's shared PID namespace (PID mode POD), pinned while its init lives.
+    #[serde(default)]
+    pub pid_ns: Option<PathBuf>,
+    /// The init of `pid_ns`.
+    #[serde(default)]
+    pub pod_init: Option<PodInit>,
     /// The pod's /dev/shm (a tmpfs) unless it shares the host's IPC.
     pub shm: Option<PathBuf>,
     pub cgroup_parent: String,
@@ -90,6 +96,7 @@ impl SandboxRecord {
             net: if net { self.net_ns.clone() } else { None },
             ipc: if rest { self.ipc_ns.clone() } else { None },
             uts: if rest { self.uts_ns.clone() } else { None },
+            pid: if net { self.pid_ns.clone() } else { None },
             ..Default::default()
         }
     }
@@ -143,6 +150,12 @@ impl SandboxManager {
                 }
                 SandboxState::Ready if rec.net_ns.as_ref().is_some_and(|p| !p.exists()) => {
                     tracing::warn!(sandbox = %rec.id, "network namespace is gone: marking NotReady");
+                    rec.state = SandboxState::NotReady;
+                    manager.save(&rec)?;
+                }
+                SandboxState::Ready if rec.pod_init.is_some_and(|i| !i.is_running()) => {
+                    tracing::warn!(sandbox = %rec.id, "the pod init died: marking NotReady");
+                    pin::unpin(&rec.pins(true, false));
                     rec.state = SandboxState::NotReady;
                     manager.save(&rec)?;
                 }
@@ -247,6 +260,7 @@ impl SandboxManager {
         let ns = namespace_mode(config);
         let host_net = ns.network == cri::NamespaceMode::Node as i32;
         let host_ipc = ns.ipc == cri::NamespaceMode::Node as i32;
+        let pod_pid = ns.pid == cri::NamespaceMode::Pod as i32;
         let dir = self.state_dir.join("sandboxes").join(&id);
         let mut rec = SandboxRecord {
             id: id.clone(),
@@ -260,6 +274,8 @@ impl SandboxManager {
             ipc_ns: (!host_ipc).then(|| dir.join("ipcns")),
             // The UTS namespace follows the network's, as in Kubernetes.
             uts_ns: (!host_net).then(|| dir.join("utsns")),
+            pid_ns: pod_pid.then(|| dir.join("pidns")),
+            pod_init: None,
             shm: (!host_ipc).then(|| dir.join("shm")),
             dir,
             cgroup_parent,
@@ -335,36 +351,49 @@ impl SandboxManager {
                 v
             })
             .unwrap_or_default();
+        // The pod cgroup comes first: the pod init (if any) starts inside it.
+        if !rec.cgroup_parent.is_empty() {
+            rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
+                .map_err(internal("creating the pod cgroup"))?;
+            self.save(rec)?;
+        }
         let pins = PinRequest {
             net: rec.net_ns.clone(),
             ipc: rec.ipc_ns.clone(),
             uts: rec.uts_ns.clone(),
+            pid: rec.pid_ns.clone(),
+            cgroups: if rec.cgroup_parent.is_empty() {
+                Vec::new()
+            } else {
+                self.layout.dirs(&rec.cgroup_parent)
+            },
             hostname: rec.uts_ns.as_ref().map(|_| hostname.clone()),
             sysctls,
         };
-        if pins.net.is_some() || pins.ipc.is_some() || pins.uts.is_some() {
-            pin::pin(&self.exe, &pins).await.map_err(|e| match e {
+        if pins.net.is_some() || pins.ipc.is_some() || pins.uts.is_some() || pins.pid.is_some() {
+            rec.pod_init = pin::pin(&self.exe, &pins).await.map_err(|e| match e {
                 pin::PinError::SysctlInvalid(_) | pin::PinError::SysctlNotAllowed(_) => {
                     SandboxError::InvalidArgument(format!("RunPodSandbox: {e}"))
                 }
                 e => SandboxError::Internal(e.to_string()),
             })?;
+            if rec.pod_init.is_some() {
+                self.save(rec)?;
+            }
         } else if !pins.sysctls.is_empty() {
             return Err(SandboxError::InvalidArgument(format!(
                 "RunPodSandbox: sysctl {} needs a pod namespace, but the pod uses the host's",
                 pins.sysctls[0].0
             )));
         }
-        if !rec.cgroup_parent.is_empty() {
-            rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
-                .map_err(internal("creating the pod cgroup"))?;
-            self.save(rec)?;
-        }
         Ok(())
     }
 
     /// Removes everything a sandbox owns on the host (not its record). Idempotent.
     fn teardown(&self, rec: &SandboxRecord) {
+        if let Some(init) = &rec.pod_init {
+            init.kill();
+        }
         pin::unpin(&rec.pins(true, true));
         if let Some(shm) = &rec.shm {
             sandbox_files::unmount_shm(shm);
@@ -387,6 +416,10 @@ impl SandboxManager {
             Err(e) => return Err(e),
         };
         if rec.state == SandboxState::Ready {
+            // Killing the pod init ends whatever still runs in the pod's PID namespace.
+            if let Some(init) = &rec.pod_init {
+                init.kill();
+            }
             pin::unpin(&rec.pins(true, false));
             rec.state = SandboxState::NotReady;
             self.save(&rec)?;

@@ -228,6 +228,73 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
+        kill_leftovers(self.dir.path());
+    }
+}
+
+/// Kills whatever a daemon rooted in `dir` left running (a test that failed half-way):
+/// every process in its containers' cgroups, its shims, and its pods' init processes; then
+/// removes the containers' cgroups. Mounts go with the TempDir.
+pub fn kill_leftovers(dir: &Path) {
+    let kill = |pid: &str| {
+        let _ = Command::new("kill").arg("-KILL").arg(pid).status();
+    };
+    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let mut container_cgroups = Vec::new();
+    let bundles = std::fs::read_dir(dir.join("root/containers"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for bundle in bundles {
+        let Some(path) = std::fs::read(bundle.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(str::to_string))
+        else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/').to_string();
+        for h in &hierarchies {
+            // cgroup v2 (pure) keeps cgroup.procs at the top; v1 has one dir per controller.
+            let cg = h.join(&rel);
+            if let Ok(procs) = std::fs::read_to_string(cg.join("cgroup.procs")) {
+                procs.lines().for_each(kill);
+                container_cgroups.push(cg);
+            }
+        }
+    }
+    let needle = dir.to_string_lossy().to_string();
+    let pinned_pid_namespaces: Vec<u64> = std::fs::read_dir(dir.join("state/sandboxes"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| std::fs::metadata(e.path().join("pidns")).ok())
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .collect()
+        })
+        .unwrap_or_default();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let pod_init = std::fs::metadata(entry.path().join("ns/pid"))
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .is_ok_and(|ino| pinned_pid_namespaces.contains(&ino))
+            && cmdline.starts_with("berth-pod-init");
+        if (cmdline.contains("berth-shim") && cmdline.contains(&needle)) || pod_init {
+            kill(&pid);
+        }
+    }
+    for cg in container_cgroups {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&cg).is_ok() || !cg.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -307,4 +374,172 @@ pub fn nsenter(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A pod config with its log directory (UTS/IPC/network pod-private, PID per `pid`).
+pub fn pod_config(name: &str, log_dir: &Path, pid: cri::NamespaceMode) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: log_dir.display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: pid as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A container running `sh -c script`, logging to `<name>.log`, PID namespace per `pid`.
+pub fn sh_container(
+    name: &str,
+    image: &str,
+    script: &str,
+    pid: cri::NamespaceMode,
+) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}.log"),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: pid as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// RunPodSandbox; panics on error.
+pub async fn run_pod(c: &CriClient, config: &cri::PodSandboxConfig) -> String {
+    c.runtime()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("RunPodSandbox")
+        .into_inner()
+        .pod_sandbox_id
+}
+
+/// CreateContainer + StartContainer; panics on error.
+pub async fn run_container(
+    c: &CriClient,
+    pod: &str,
+    pod_config: &cri::PodSandboxConfig,
+    config: cri::ContainerConfig,
+) -> String {
+    let id = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(config),
+            sandbox_config: Some(pod_config.clone()),
+        })
+        .await
+        .expect("CreateContainer")
+        .into_inner()
+        .container_id;
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("StartContainer");
+    id
+}
+
+/// ExecSync `cmd` in container `id`.
+pub async fn exec(
+    c: &CriClient,
+    id: &str,
+    cmd: &[&str],
+    timeout: i64,
+) -> Result<cri::ExecSyncResponse, tonic::Status> {
+    c.runtime()
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout,
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// ExecSync that must succeed with exit 0; returns stdout.
+pub async fn exec_ok(c: &CriClient, id: &str, cmd: &[&str]) -> String {
+    let r = exec(c, id, cmd, 10).await.expect("ExecSync");
+    assert_eq!(
+        r.exit_code,
+        0,
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+/// ContainerStatus of `id`.
+pub async fn container_status(
+    c: &CriClient,
+    id: &str,
+) -> Result<cri::ContainerStatus, tonic::Status> {
+    c.runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        })
+        .await
+        .map(|r| r.into_inner().status.unwrap_or_default())
+}
+
+/// Waits (up to 10 s) until container `id` exited; returns its status.
+pub async fn wait_exited(c: &CriClient, id: &str) -> cri::ContainerStatus {
+    for _ in 0..500 {
+        let s = container_status(c, id).await.expect("ContainerStatus");
+        if s.state == cri::ContainerState::ContainerExited as i32 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("container {id} did not exit");
+}
+
+/// StopPodSandbox + RemovePodSandbox (which also stop and remove its containers).
+pub async fn remove_pod(c: &CriClient, id: &str) {
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        })
+        .await
+        .expect("StopPodSandbox");
+    c.runtime()
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        })
+        .await
+        .expect("RemovePodSandbox");
 }
