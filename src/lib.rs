@@ -6,6 +6,7 @@ pub mod cri;
 pub mod daemon;
 pub mod image;
 pub mod logging;
+pub mod metrics;
 pub mod runtime;
 pub mod store;
 pub mod util;

@@ -6,6 +6,7 @@ mod image_service;
 mod runtime_info;
 mod runtime_service;
 mod sandbox_service;
+pub(crate) mod stats_service;
 pub(crate) mod server;
 mod v1alpha2;
 

@@ -6,12 +6,14 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
+use super::stats_service::{self, StatsCollector};
 use super::{container_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
-use crate::runtime::container::ContainerManager;
-use crate::runtime::sandbox::SandboxManager;
+use crate::runtime::container::{ContainerManager, ContainerState};
+use crate::runtime::sandbox::{SandboxManager, SandboxRecord, SandboxState};
 
 /// The RuntimeService.
 #[derive(Clone)]
@@ -19,6 +21,7 @@ pub struct RuntimeApi {
     images: ImageManager,
     sandboxes: Arc<SandboxManager>,
     containers: Arc<ContainerManager>,
+    stats: Arc<StatsCollector>,
 }
 
 impl RuntimeApi {
@@ -32,7 +35,59 @@ impl RuntimeApi {
             images,
             sandboxes,
             containers,
+            stats: Arc::new(StatsCollector::new()),
         }
+    }
+
+    /// Stats of the containers passing `filter`, read off the async threads (cgroupfs and
+    /// snapshot walks block).
+    async fn container_stats_list(
+        &self,
+        filter: Option<cri::ContainerStatsFilter>,
+    ) -> Result<Vec<cri::ContainerStats>, Status> {
+        let all = self.containers.stored()?;
+        if filter.is_none() {
+            let ids: HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
+            self.stats.prune(Some(&ids), None);
+        }
+        let recs: Vec<_> = all
+            .into_iter()
+            .filter(|r| stats_service::container_matches(r, filter.as_ref()))
+            .collect();
+        let stats = self.stats.clone();
+        let snapshots = self.images.snapshotter();
+        tokio::task::spawn_blocking(move || {
+            recs.iter()
+                .map(|r| stats.container(r, &snapshots))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("container stats: {e}")))
+    }
+
+    /// Stats of the given sandboxes with their containers.
+    async fn pod_stats_list(
+        &self,
+        sandboxes: Vec<SandboxRecord>,
+    ) -> Result<Vec<cri::PodSandboxStats>, Status> {
+        let all = self.containers.stored()?;
+        let stats = self.stats.clone();
+        let snapshots = self.images.snapshotter();
+        tokio::task::spawn_blocking(move || {
+            sandboxes
+                .iter()
+                .map(|s| {
+                    let mine: Vec<_> = all
+                        .iter()
+                        .filter(|c| c.sandbox_id == s.id && c.state != ContainerState::Creating)
+                        .cloned()
+                        .collect();
+                    stats.sandbox(s, &mine, &snapshots)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("pod sandbox stats: {e}")))
     }
 }
 
@@ -174,9 +229,70 @@ async fn list_containers(
 
 async fn list_container_stats(
     &self,
-    _request: Request<cri::ListContainerStatsRequest>,
+    request: Request<cri::ListContainerStatsRequest>,
 ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
-    Ok(Response::new(cri::ListContainerStatsResponse { stats: Vec::new() }))
+    let stats = self.container_stats_list(request.into_inner().filter).await?;
+    Ok(Response::new(cri::ListContainerStatsResponse { stats }))
+}
+
+async fn container_stats(
+    &self,
+    request: Request<cri::ContainerStatsRequest>,
+) -> Result<Response<cri::ContainerStatsResponse>, Status> {
+    let rec = self.containers.get(&request.get_ref().container_id)?;
+    let filter = cri::ContainerStatsFilter {
+        id: rec.id.clone(),
+        ..Default::default()
+    };
+    let stats = self.container_stats_list(Some(filter)).await?.into_iter().next();
+    match stats {
+        Some(s) => Ok(Response::new(cri::ContainerStatsResponse { stats: Some(s) })),
+        None => Err(Status::not_found(format!("container {} not found", rec.id))),
+    }
+}
+
+async fn pod_sandbox_stats(
+    &self,
+    request: Request<cri::PodSandboxStatsRequest>,
+) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
+    let rec = self.sandboxes.get(&request.get_ref().pod_sandbox_id)?;
+    let stats = self.pod_stats_list(vec![rec]).await?.into_iter().next();
+    Ok(Response::new(cri::PodSandboxStatsResponse { stats }))
+}
+
+async fn list_pod_sandbox_stats(
+    &self,
+    request: Request<cri::ListPodSandboxStatsRequest>,
+) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
+    let filter = request.into_inner().filter;
+    let all = self.sandboxes.list()?;
+    if filter.is_none() {
+        let ids: HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
+        self.stats.prune(None, Some(&ids));
+    }
+    let pod_filter = filter.map(|f| cri::PodSandboxFilter {
+        id: f.id,
+        state: None,
+        label_selector: f.label_selector,
+    });
+    let sandboxes: Vec<SandboxRecord> = all
+        .into_iter()
+        .filter(|s| s.state != SandboxState::Creating)
+        .filter(|s| pod_filter.as_ref().is_none_or(|f| SandboxManager::matches(s, f)))
+        .collect();
+    let stats = self.pod_stats_list(sandboxes).await?;
+    Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
+}
+
+async fn update_container_resources(
+    &self,
+    request: Request<cri::UpdateContainerResourcesRequest>,
+) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
+    let req = request.get_ref();
+    self.containers
+        .update_resources(&req.container_id, req.linux.as_ref(), self.stats.layout())
+        .await?;
+    Ok(Response::new(cri::UpdateContainerResourcesResponse {}))
 }
 
 /// Stopping an unknown or exited container succeeds, as the CRI requires.
@@ -277,14 +393,10 @@ async fn get_container_events(
 
 }
     no_such_container {
-        update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
         exec(ExecRequest) -> ExecResponse;
         attach(AttachRequest) -> AttachResponse;
-        container_stats(ContainerStatsRequest) -> ContainerStatsResponse;
     }
     port_forward(PortForwardRequest) -> PortForwardResponse, "PortForward";
-    pod_sandbox_stats(PodSandboxStatsRequest) -> PodSandboxStatsResponse, "PodSandboxStats";
-    list_pod_sandbox_stats(ListPodSandboxStatsRequest) -> ListPodSandboxStatsResponse, "ListPodSandboxStats";
     checkpoint_container(CheckpointContainerRequest) -> CheckpointContainerResponse, "CheckpointContainer";
     list_metric_descriptors(ListMetricDescriptorsRequest) -> ListMetricDescriptorsResponse, "ListMetricDescriptors";
     list_pod_sandbox_metrics(ListPodSandboxMetricsRequest) -> ListPodSandboxMetricsResponse, "ListPodSandboxMetrics";

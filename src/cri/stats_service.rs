@@ -1,0 +1,364 @@
+//! CRI ContainerStats and PodSandboxStats messages from cgroup readings and snapshot usage.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use berth_snapshotter::Snapshotter;
+use k8s_cri::v1 as cri;
+
+use crate::metrics::cgroup_stats::{self, CgroupStats};
+use crate::metrics::{CpuSampler, MemoryStats};
+use crate::runtime::cgroups::Layout;
+use crate::runtime::container::{ContainerRecord, ContainerState};
+use crate::runtime::container_update;
+use crate::runtime::sandbox::SandboxRecord;
+
+/// Key prefix of pod samples in the CPU sampler (container keys are bare ids).
+const POD_KEY: &str = "pod/";
+
+fn u64v(value: u64) -> Option<cri::UInt64Value> {
+    Some(cri::UInt64Value { value })
+}
+
+/// Turns cgroup readings into CRI stats and keeps the CPU samples between calls.
+#[derive(Debug)]
+pub struct StatsCollector {
+    layout: Layout,
+    cpu: CpuSampler,
+}
+
+impl Default for StatsCollector {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StatsCollector {
+    /// Detects the cgroup layout of this host.
+    pub fn new() -> Self {
+        let layout = Layout::detect().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading cgroup mounts: stats will be empty");
+            Layout::V1(Vec::new())
+        });
+        Self::with_layout(layout)
+    }
+
+    /// A collector for a given layout.
+    pub fn with_layout(layout: Layout) -> Self {
+        Self {
+            layout,
+            cpu: CpuSampler::default(),
+        }
+    }
+
+    /// The host's cgroup layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Forgets CPU samples of containers and pods that are gone. `containers` / `pods` are the
+    /// ids that exist; `None` leaves that kind alone.
+    pub fn prune(&self, containers: Option<&HashSet<String>>, pods: Option<&HashSet<String>>) {
+        self.cpu.retain(|k| match k.strip_prefix(POD_KEY) {
+            Some(pod) => pods.is_none_or(|p| p.contains(pod)),
+            None => containers.is_none_or(|c| c.contains(k)),
+        });
+    }
+
+    /// The cgroup path a container runs in (from its bundle's OCI spec).
+    fn container_cgroup(rec: &ContainerRecord) -> Option<String> {
+        container_update::read_spec(&rec.bundle)
+            .ok()
+            .and_then(|s| container_update::cgroups_path(&s))
+    }
+
+    /// ContainerStats for one container; a missing cgroup reads as zeros.
+    pub fn container(&self, rec: &ContainerRecord, snapshots: &Snapshotter) -> cri::ContainerStats {
+        let now = crate::util::unix_nanos_now();
+        let stats = Self::container_cgroup(rec)
+            .map(|p| cgroup_stats::read(&self.layout, &p))
+            .unwrap_or_default();
+        let config = rec.config();
+        let since = if rec.state == ContainerState::Running {
+            rec.started_at
+        } else {
+            0
+        };
+        cri::ContainerStats {
+            attributes: Some(cri::ContainerAttributes {
+                id: rec.id.clone(),
+                metadata: config.metadata,
+                labels: config.labels,
+                annotations: config.annotations,
+            }),
+            cpu: Some(self.cpu_usage(&rec.id, now, &stats, since)),
+            memory: Some(memory_usage(now, stats.memory.as_ref())),
+            swap: stats.swap.as_ref().map(|s| cri::SwapUsage {
+                timestamp: now,
+                swap_available_bytes: s.available_bytes().and_then(u64v),
+                swap_usage_bytes: u64v(s.usage_bytes),
+            }),
+            writable_layer: writable_layer(now, rec, snapshots),
+        }
+    }
+
+    fn cpu_usage(&self, key: &str, now: i64, stats: &CgroupStats, since: i64) -> cri::CpuUsage {
+        let usage = stats.cpu_usage_ns;
+        cri::CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: u64v(usage.unwrap_or(0)),
+            usage_nano_cores: usage
+                .and_then(|u| self.cpu.rate(key, now, u, since))
+                .and_then(u64v),
+        }
+    }
+
+    /// PodSandboxStats for `sandbox` whose containers are `containers`.
+    pub fn sandbox(
+        &self,
+        sandbox: &SandboxRecord,
+        containers: &[ContainerRecord],
+        snapshots: &Snapshotter,
+    ) -> cri::PodSandboxStats {
+        let now = crate::util::unix_nanos_now();
+        let container_stats: Vec<cri::ContainerStats> = containers
+            .iter()
+            .map(|c| self.container(c, snapshots))
+            .collect();
+        let cgroups: Vec<Option<String>> = containers.iter().map(Self::container_cgroup).collect();
+        let pod = if sandbox.cgroup_parent.is_empty() {
+            // No pod cgroup: the pod is the sum of its containers.
+            let parts: Vec<CgroupStats> = cgroups
+                .iter()
+                .flatten()
+                .map(|p| cgroup_stats::read(&self.layout, p))
+                .collect();
+            sum(&parts)
+        } else {
+            cgroup_stats::read(&self.layout, &sandbox.cgroup_parent)
+        };
+        let key = format!("{POD_KEY}{}", sandbox.id);
+        let config = sandbox.config();
+        let network = if sandbox.net_ns.is_some() {
+            containers
+                .iter()
+                .zip(&cgroups)
+                .filter(|(c, _)| c.state == ContainerState::Running)
+                .filter_map(|(_, p)| p.as_deref())
+                .find_map(|p| self.first_pid(p))
+                .and_then(|pid| network_usage(now, pid))
+        } else {
+            None
+        };
+        cri::PodSandboxStats {
+            attributes: Some(cri::PodSandboxAttributes {
+                id: sandbox.id.clone(),
+                metadata: config.metadata,
+                labels: config.labels,
+                annotations: config.annotations,
+            }),
+            linux: Some(cri::LinuxPodSandboxStats {
+                cpu: Some(self.cpu_usage(&key, now, &pod, sandbox.created_at)),
+                memory: Some(memory_usage(now, pod.memory.as_ref())),
+                network,
+                process: Some(cri::ProcessUsage {
+                    timestamp: now,
+                    process_count: u64v(pod.pids.unwrap_or(0)),
+                }),
+                containers: container_stats,
+            }),
+            windows: None,
+        }
+    }
+
+    /// A process of the cgroup `cgroup_path` (or below it), if any runs.
+    fn first_pid(&self, cgroup_path: &str) -> Option<u32> {
+        ["pids", "memory", "cpu"]
+            .iter()
+            .filter_map(|c| cgroup_stats::controller_dir(&self.layout, c, cgroup_path))
+            .find_map(|d| cgroup_stats::procs(&d).into_iter().next())
+    }
+}
+
+fn memory_usage(now: i64, m: Option<&MemoryStats>) -> cri::MemoryUsage {
+    let m = m.cloned().unwrap_or_default();
+    cri::MemoryUsage {
+        timestamp: now,
+        working_set_bytes: u64v(m.working_set_bytes),
+        available_bytes: m.available_bytes().and_then(u64v),
+        usage_bytes: u64v(m.usage_bytes),
+        rss_bytes: u64v(m.rss_bytes),
+        page_faults: u64v(m.page_faults),
+        major_page_faults: u64v(m.major_page_faults),
+    }
+}
+
+fn writable_layer(
+    now: i64,
+    rec: &ContainerRecord,
+    snapshots: &Snapshotter,
+) -> Option<cri::FilesystemUsage> {
+    if rec.snapshot.is_empty() {
+        return None;
+    }
+    let usage = match snapshots.usage(&rec.snapshot) {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(container = %rec.id, error = %e, "writable layer usage");
+            return None;
+        }
+    };
+    Some(cri::FilesystemUsage {
+        timestamp: now,
+        fs_id: Some(cri::FilesystemIdentifier {
+            mountpoint: snapshots.root().display().to_string(),
+        }),
+        used_bytes: u64v(usage.bytes),
+        inodes_used: u64v(usage.inodes),
+    })
+}
+
+/// The sum of several cgroups' readings (limits are not summed: a sum has none).
+fn sum(parts: &[CgroupStats]) -> CgroupStats {
+    let mut out = CgroupStats::default();
+    for p in parts {
+        if let Some(c) = p.cpu_usage_ns {
+            out.cpu_usage_ns = Some(out.cpu_usage_ns.unwrap_or(0) + c);
+        }
+        if let Some(m) = &p.memory {
+            let o = out.memory.get_or_insert_with(MemoryStats::default);
+            o.usage_bytes += m.usage_bytes;
+            o.working_set_bytes += m.working_set_bytes;
+            o.rss_bytes += m.rss_bytes;
+            o.page_faults += m.page_faults;
+            o.major_page_faults += m.major_page_faults;
+        }
+        if let Some(n) = p.pids {
+            out.pids = Some(out.pids.unwrap_or(0) + n);
+        }
+    }
+    out
+}
+
+/// Interface counters of `/proc/<pid>/net/dev` (the pod's network namespace); `lo` is left out,
+/// and nothing is reported when no other interface exists.
+fn network_usage(now: i64, pid: u32) -> Option<cri::NetworkUsage> {
+    let text =
+        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("net/dev")).ok()?;
+    let interfaces = parse_net_dev(&text);
+    let default_interface = interfaces
+        .iter()
+        .find(|i| i.name == "eth0")
+        .or_else(|| interfaces.first())
+        .cloned()?;
+    Some(cri::NetworkUsage {
+        timestamp: now,
+        default_interface: Some(default_interface),
+        interfaces,
+    })
+}
+
+/// Parses `/proc/net/dev` (two header lines, then `name: rx… tx…`), skipping `lo`.
+fn parse_net_dev(text: &str) -> Vec<cri::NetworkInterfaceUsage> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let name = name.trim();
+            if name == "lo" {
+                return None;
+            }
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .map(|v| v.parse().unwrap_or(0))
+                .collect();
+            if f.len() < 11 {
+                return None;
+            }
+            Some(cri::NetworkInterfaceUsage {
+                name: name.to_string(),
+                rx_bytes: u64v(f[0]),
+                rx_errors: u64v(f[2]),
+                tx_bytes: u64v(f[8]),
+                tx_errors: u64v(f[10]),
+            })
+        })
+        .collect()
+}
+
+/// Whether `rec` passes a ListContainerStats filter (id and sandbox id may be prefixes).
+pub fn container_matches(
+    rec: &ContainerRecord,
+    filter: Option<&cri::ContainerStatsFilter>,
+) -> bool {
+    if rec.state == ContainerState::Creating {
+        return false;
+    }
+    let Some(f) = filter else {
+        return true;
+    };
+    if !rec.id.starts_with(&f.id) || !rec.sandbox_id.starts_with(&f.pod_sandbox_id) {
+        return false;
+    }
+    if f.label_selector.is_empty() {
+        return true;
+    }
+    let labels = rec.config().labels;
+    f.label_selector
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NET_DEV: &str = "\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     100       1    0    0    0     0          0         0      100       1    0    0    0     0       0          0
+  eth0:    5000      40    2    0    0     0          0         0     7000      50    3    0    0     0       0          0
+";
+
+    #[test]
+    fn net_dev_parses_without_lo() {
+        let i = parse_net_dev(NET_DEV);
+        assert_eq!(i.len(), 1);
+        assert_eq!(i[0].name, "eth0");
+        assert_eq!(i[0].rx_bytes, u64v(5000));
+        assert_eq!(i[0].rx_errors, u64v(2));
+        assert_eq!(i[0].tx_bytes, u64v(7000));
+        assert_eq!(i[0].tx_errors, u64v(3));
+    }
+
+    #[test]
+    fn sums_add_up_and_drop_limits() {
+        let a = CgroupStats {
+            cpu_usage_ns: Some(5),
+            memory: Some(MemoryStats {
+                usage_bytes: 10,
+                working_set_bytes: 8,
+                limit_bytes: Some(100),
+                ..Default::default()
+            }),
+            pids: Some(1),
+            ..Default::default()
+        };
+        let s = sum(&[a.clone(), a, CgroupStats::default()]);
+        assert_eq!(s.cpu_usage_ns, Some(10));
+        assert_eq!(s.pids, Some(2));
+        let m = s.memory.expect("memory");
+        assert_eq!(
+            (m.usage_bytes, m.working_set_bytes, m.limit_bytes),
+            (20, 16, None)
+        );
+    }
+
+    #[test]
+    fn memory_without_a_cgroup_is_zero() {
+        let m = memory_usage(7, None);
+        assert_eq!(m.timestamp, 7);
+        assert_eq!(m.working_set_bytes, u64v(0));
+        assert_eq!(m.available_bytes, None);
+    }
+}
