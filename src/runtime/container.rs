@@ -686,6 +686,21 @@ impl ContainerManager {
         }
         Ok(out)
     }
+
+    /// Every stored container as last saved (stats must not wait on shims).
+    pub(crate) fn stored(&self) -> Result<Vec<ContainerRecord>, ContainerError> {
+        self.records()
+    }
+
+    /// Saves a record changed in `container_update.rs`.
+    pub(crate) fn save_record(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        self.save(rec)
+    }
+
+    /// Serialises with create and remove (for `container_update.rs`).
+    pub(crate) async fn lock_records(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
 }
 
 /// The CRI state of a container.
