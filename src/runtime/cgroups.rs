@@ -117,6 +117,32 @@ pub fn remove(created: &[PathBuf]) {
     }
 }
 
+/// Kills every process left in `cgroup_path` and removes its directories (a container cgroup
+/// whose shim is gone). Absent is fine; a cgroup still busy after 1 s is logged and left.
+pub fn kill_and_remove(layout: &Layout, cgroup_path: &str) {
+    for dir in layout.dirs(cgroup_path) {
+        for attempt in 0..100 {
+            let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(p) => p,
+                Err(_) => break, // gone (or never made in this hierarchy)
+            };
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) if attempt == 99 => {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "removing container cgroup")
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

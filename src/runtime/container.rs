@@ -301,7 +301,7 @@ impl ContainerManager {
             gid: user.gid,
             groups: user.supplemental_groups.clone(),
         };
-        let _guard = self.lock.lock().await;
+        // No lock: nobody knows the new id before this call returns.
         let mut rec = rec;
         let made = async {
             self.save(&rec)?;
@@ -467,8 +467,16 @@ impl ContainerManager {
         if let Some(exit) = exit {
             rec.state = ContainerState::Exited;
             rec.exit = Some(exit);
-            if let Err(e) = self.save(&rec) {
-                tracing::warn!(container = %rec.id, error = %e, "saving exit");
+            // Saved only while the record exists: a concurrent remove must not be undone.
+            let _guard = self.lock.lock().await;
+            match self.get(&rec.id) {
+                Ok(_) => {
+                    if let Err(e) = self.save(&rec) {
+                        tracing::warn!(container = %rec.id, error = %e, "saving exit");
+                    }
+                }
+                Err(ContainerError::NotFound(_)) => {}
+                Err(e) => tracing::warn!(container = %rec.id, error = %e, "saving exit"),
             }
         }
         rec
@@ -544,8 +552,9 @@ impl ContainerManager {
             Err(ContainerError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let _guard = self.lock.lock().await;
+        // The shim call may be slow (a hung shim): only the record change holds the lock.
         self.teardown(&rec).await;
+        let _guard = self.lock.lock().await;
         self.delete(&rec.id)?;
         self.names.release(&rec.name, &rec.id);
         Ok(())
@@ -555,12 +564,21 @@ impl ContainerManager {
     async fn teardown(&self, rec: &ContainerRecord) {
         let socket = rec.socket.clone();
         // Delete through the shim; a gone shim is fine.
-        let _ = ShimClient::new(&socket)
+        let deleted = ShimClient::new(&socket)
             .call(
                 api::request::Request::Delete(api::DeleteRequest {}),
                 Duration::from_secs(10),
             )
             .await;
+        if deleted.is_err() {
+            // No shim to do it (crashed, or never started): whatever runs in the container's
+            // cgroup is killed and the cgroup removed here.
+            if let Some(cgroup) = bundle_cgroup(&rec.bundle)
+                && let Ok(layout) = super::cgroups::Layout::detect()
+            {
+                super::cgroups::kill_and_remove(&layout, &cgroup);
+            }
+        }
         let mut prepared = Prepared {
             id: rec.id.clone(),
             snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),
@@ -655,7 +673,7 @@ impl ContainerManager {
         &self,
         filter: Option<&cri::ContainerFilter>,
     ) -> Result<Vec<ContainerRecord>, ContainerError> {
-        let mut out = Vec::new();
+        let mut wanted = Vec::new();
         for rec in self.records()? {
             if rec.state == ContainerState::Creating {
                 continue;
@@ -676,15 +694,19 @@ impl ContainerManager {
                     continue;
                 }
             }
-            let rec = self.refresh(rec).await;
-            if let Some(state) = filter.and_then(|f| f.state.as_ref())
-                && cri_state(rec.state) != state.state
-            {
-                continue;
-            }
-            out.push(rec);
+            wanted.push(rec);
         }
-        Ok(out)
+        // Shims are asked at once: one slow or hung shim costs one deadline, not one each.
+        let refreshed =
+            futures_util::future::join_all(wanted.into_iter().map(|r| self.refresh(r))).await;
+        Ok(refreshed
+            .into_iter()
+            .filter(|rec| {
+                filter
+                    .and_then(|f| f.state.as_ref())
+                    .is_none_or(|state| cri_state(rec.state) == state.state)
+            })
+            .collect())
     }
 
     /// Every stored container as last saved (stats must not wait on shims).
@@ -701,6 +723,16 @@ impl ContainerManager {
     pub(crate) async fn lock_records(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.lock.lock().await
     }
+}
+
+/// `linux.cgroupsPath` of the OCI spec in `bundle`.
+fn bundle_cgroup(bundle: &std::path::Path) -> Option<String> {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+    let path = spec["linux"]["cgroupsPath"].as_str()?;
+    // Only a cgroup Berth named for a container (never a pod's or the root).
+    let leaf = path.rsplit('/').next().unwrap_or_default();
+    leaf.starts_with("berth-").then(|| path.to_string())
 }
 
 /// The CRI state of a container.
