@@ -179,3 +179,31 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn a_container_over_its_memory_limit_is_reported_oom_killed() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let mode = cri::NamespaceMode::Container;
+    let pod_cfg = pod_config("oom", &logs, mode);
+    let pod = run_pod(&c, &pod_cfg).await;
+    // `tail` keeps the whole of /dev/zero (one endless line) in memory.
+    let mut cfg = sh_container("hog", &busybox, "tail /dev/zero", mode);
+    if let Some(linux) = cfg.linux.as_mut() {
+        linux.resources = Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 32 << 20,
+            ..Default::default()
+        });
+    }
+    let hog = run_container(&c, &pod, &pod_cfg, cfg).await;
+    let s = wait_exited(&c, &hog).await;
+    assert_eq!(
+        (s.reason.as_str(), s.exit_code),
+        ("OOMKilled", 137),
+        "{s:?}"
+    );
+    remove_pod(&c, &pod).await;
+}
