@@ -15,6 +15,7 @@ build: deps
 
 # Builds and starts berthd with its defaults (socket /run/berth/berth.sock).
 run: build
+	bash hack/default-cni.sh
 	./target/release/berthd $(ARGS)
 
 # The whole suite: registries and test images, unit and integration tests, lints.

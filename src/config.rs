@@ -21,6 +21,30 @@ pub struct Config {
     pub log_level: String,
     /// Registry settings.
     pub registry: RegistryConfig,
+    /// Pod networking (CNI).
+    pub cni: CniConfig,
+}
+
+/// Where CNI network configs and plugins are, and how long a plugin may run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CniConfig {
+    /// Directory of network configs; the first valid `.conflist`/`.conf`/`.json` by name is used.
+    pub conf_dir: PathBuf,
+    /// Directories searched for plugin binaries, in order.
+    pub bin_dirs: Vec<PathBuf>,
+    /// Seconds one plugin call (ADD, DEL or CHECK) may take before it is killed.
+    pub plugin_timeout_secs: f64,
+}
+
+impl Default for CniConfig {
+    fn default() -> Self {
+        Self {
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+            plugin_timeout_secs: 30.0,
+        }
+    }
 }
 
 /// How images are pulled from registries.
@@ -50,6 +74,7 @@ impl Default for Config {
             socket: PathBuf::from("/run/berth/berth.sock"),
             log_level: "info".to_string(),
             registry: RegistryConfig::default(),
+            cni: CniConfig::default(),
         }
     }
 }
@@ -120,6 +145,11 @@ impl Config {
                 "registry.max_concurrent_downloads must be at least 1".into(),
             ));
         }
+        if !(self.cni.plugin_timeout_secs > 0.0 && self.cni.plugin_timeout_secs <= 3600.0) {
+            return Err(ConfigError::Invalid(
+                "cni.plugin_timeout_secs must be above 0 and at most 3600".into(),
+            ));
+        }
         for (name, dir) in [("root", &self.root), ("state_dir", &self.state_dir)] {
             if !dir.is_absolute() {
                 return Err(ConfigError::Invalid(format!(
@@ -149,6 +179,11 @@ impl Config {
     /// Directory the snapshotter owns.
     pub fn snapshots_dir(&self) -> PathBuf {
         self.root.join("snapshotter")
+    }
+
+    /// Directory of the per-sandbox CNI attachment records (persistent, like IPAM leases).
+    pub fn cni_cache_dir(&self) -> PathBuf {
+        self.root.join("net")
     }
 
     /// Path of the metadata database.

@@ -7,6 +7,7 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::cri::{self, ImageApi, RuntimeApi};
 use crate::image::ImageManager;
+use crate::net::{NetManager, NetOptions};
 use crate::runtime::container::ContainerManager;
 use crate::runtime::container_create::ContainerCreator;
 use crate::runtime::sandbox::SandboxManager;
@@ -20,8 +21,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
     let store = Store::open(&config.db_path())?;
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
-    let sandboxes =
-        SandboxManager::open(store.clone(), &config.state_dir).context("loading pod sandboxes")?;
+    let net = NetManager::new(NetOptions {
+        conf_dir: config.cni.conf_dir.clone(),
+        bin_dirs: config.cni.bin_dirs.clone(),
+        plugin_timeout: std::time::Duration::from_secs_f64(config.cni.plugin_timeout_secs),
+        cache_dir: config.cni_cache_dir(),
+    });
+    crate::net::watch::spawn(&net);
+    let sandboxes = SandboxManager::open(store.clone(), &config.state_dir, Some(net.clone()))
+        .context("loading pod sandboxes")?;
+    // Networks of sandboxes that a crash left half made or half removed: DEL in the background.
+    let live: std::collections::HashSet<String> = sandboxes
+        .list()
+        .map_err(|e| anyhow::anyhow!("listing pod sandboxes: {e}"))?
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    let orphans = net.orphans(&live);
+    if !orphans.is_empty() {
+        let net = net.clone();
+        tokio::spawn(async move {
+            net.release(orphans).await;
+        });
+    }
     let creator = Arc::new(ContainerCreator::new(
         images.clone(),
         sandboxes.clone(),

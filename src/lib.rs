@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod image;
 pub mod logging;
 pub mod metrics;
+pub mod net;
 pub mod runtime;
 pub mod store;
 pub mod util;

@@ -36,6 +36,15 @@ struct Cli {
     /// Layers fetched at once per pull.
     #[arg(long, value_name = "N")]
     max_concurrent_downloads: Option<usize>,
+    /// CNI network config directory.
+    #[arg(long, value_name = "DIR")]
+    cni_conf_dir: Option<PathBuf>,
+    /// CNI plugin directory (repeatable; replaces the configured list).
+    #[arg(long = "cni-bin-dir", value_name = "DIR")]
+    cni_bin_dirs: Vec<PathBuf>,
+    /// Seconds one CNI plugin call may take.
+    #[arg(long, value_name = "SECS")]
+    cni_plugin_timeout: Option<f64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -111,6 +120,15 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = cli.max_concurrent_downloads {
         cfg.registry.max_concurrent_downloads = v;
+    }
+    if let Some(v) = &cli.cni_conf_dir {
+        cfg.cni.conf_dir = v.clone();
+    }
+    if !cli.cni_bin_dirs.is_empty() {
+        cfg.cni.bin_dirs = cli.cni_bin_dirs.clone();
+    }
+    if let Some(v) = cli.cni_plugin_timeout {
+        cfg.cni.plugin_timeout_secs = v;
     }
     cfg.validate()?;
     Ok(cfg)

@@ -3,6 +3,7 @@
 use k8s_cri::v1 as cri;
 
 use super::{CRI_API_VERSION, RUNTIME_NAME, RUNTIME_VERSION};
+use crate::net::{NetManager, NetworkStatus};
 
 /// The Version response for a caller speaking `api_version`.
 pub fn version(api_version: &str) -> cri::VersionResponse {
@@ -19,8 +20,14 @@ pub fn version_v1() -> cri::VersionResponse {
     version(CRI_API_VERSION)
 }
 
-/// Runtime and network conditions, honestly: containers and pod networking are not built yet.
-pub fn status(verbose: bool) -> cri::StatusResponse {
+/// Runtime and network conditions: NetworkReady follows the CNI conf dir (`net` None: Berth
+/// runs without pod networking).
+pub fn status(verbose: bool, net: Option<&NetManager>) -> cri::StatusResponse {
+    let network = net.map(NetManager::status).unwrap_or(NetworkStatus {
+        ready: false,
+        reason: "NetworkPluginNotReady".into(),
+        message: "pod networking is off in this berthd".into(),
+    });
     let conditions = vec![
         cri::RuntimeCondition {
             r#type: "RuntimeReady".into(),
@@ -30,10 +37,9 @@ pub fn status(verbose: bool) -> cri::StatusResponse {
         },
         cri::RuntimeCondition {
             r#type: "NetworkReady".into(),
-            status: false,
-            reason: "NetworkPluginNotReady".into(),
-            message: "Berth has no pod network yet: CNI support is not built in this version"
-                .into(),
+            status: network.ready,
+            reason: network.reason,
+            message: network.message,
         },
     ];
     let mut info = std::collections::HashMap::new();
@@ -43,6 +49,26 @@ pub fn status(verbose: bool) -> cri::StatusResponse {
             serde_json::json!({ "version": RUNTIME_VERSION, "apiVersions": ["v1", "v1alpha2"] })
                 .to_string(),
         );
+        if let Some(net) = net {
+            let opts = net.options();
+            let current = net.current().ok();
+            info.insert(
+                "cni".into(),
+                serde_json::json!({
+                    "confDir": opts.conf_dir,
+                    "binDirs": opts.bin_dirs,
+                    "pluginTimeoutSecs": opts.plugin_timeout.as_secs_f64(),
+                    "podCIDR": net.pod_cidr(),
+                    "network": current.as_ref().map(|c| c.name.clone()),
+                    "file": current.as_ref().map(|c| c.source.clone()),
+                    "cniVersion": current.as_ref().map(|c| c.cni_version.clone()),
+                    "plugins": current.as_ref().map(|c| {
+                        (0..c.plugins.len()).map(|i| c.plugin_type(i).to_string()).collect::<Vec<_>>()
+                    }),
+                })
+                .to_string(),
+            );
+        }
     }
     cri::StatusResponse {
         status: Some(cri::RuntimeStatus { conditions }),

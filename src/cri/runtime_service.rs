@@ -144,7 +144,7 @@ async fn status(
     request: Request<cri::StatusRequest>,
 ) -> Result<Response<cri::StatusResponse>, Status> {
     let verbose = request.get_ref().verbose;
-    let mut resp = runtime_info::status(verbose);
+    let mut resp = runtime_info::status(verbose, self.sandboxes.network().map(|n| n.as_ref()));
     if verbose {
         let pulls: Vec<serde_json::Value> = self
             .images
@@ -373,9 +373,21 @@ async fn runtime_config(
 
 async fn update_runtime_config(
     &self,
-    _request: Request<cri::UpdateRuntimeConfigRequest>,
+    request: Request<cri::UpdateRuntimeConfigRequest>,
 ) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
-    // Nothing to apply yet (the pod CIDR matters once CNI networking exists).
+    // The pod CIDR is kept and offered to plugins that ask for the ipRanges capability.
+    let cidr = request
+        .get_ref()
+        .runtime_config
+        .as_ref()
+        .and_then(|c| c.network_config.as_ref())
+        .map(|n| n.pod_cidr.clone())
+        .unwrap_or_default();
+    if let Some(net) = self.sandboxes.network()
+        && !cidr.is_empty()
+    {
+        net.set_pod_cidr(&cidr);
+    }
     Ok(Response::new(cri::UpdateRuntimeConfigResponse {}))
 }
 

@@ -27,6 +27,18 @@ fn state(rec: &SandboxRecord) -> i32 {
     }
 }
 
+/// The pod's IP and additional IPs (dual stack), while it is ready.
+fn network_status(rec: &SandboxRecord) -> cri::PodSandboxNetworkStatus {
+    let mut ips = rec
+        .pod_ips
+        .iter()
+        .filter(|_| rec.state == SandboxState::Ready);
+    cri::PodSandboxNetworkStatus {
+        ip: ips.next().cloned().unwrap_or_default(),
+        additional_ips: ips.map(|ip| cri::PodIp { ip: ip.clone() }).collect(),
+    }
+}
+
 /// PodSandboxStatus for one record.
 pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusResponse {
     let config = rec.config();
@@ -44,6 +56,7 @@ pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusRespon
                 "name": rec.name,
                 "state": format!("{:?}", rec.state),
                 "netns": rec.net_ns,
+                "podIPs": rec.pod_ips,
                 "ipcns": rec.ipc_ns,
                 "utsns": rec.uts_ns,
                 "shm": rec.shm,
@@ -62,7 +75,7 @@ pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusRespon
             metadata: config.metadata.clone(),
             state: state(rec),
             created_at: rec.created_at,
-            network: Some(cri::PodSandboxNetworkStatus::default()),
+            network: Some(network_status(rec)),
             linux: Some(cri::LinuxPodSandboxStatus {
                 namespaces: Some(cri::Namespace { options: ns }),
             }),

@@ -17,6 +17,7 @@ use super::cgroups::{self, Layout};
 use super::names::{self, NameRegistry, Reservation};
 use super::pin::{self, PinRequest, PodInit};
 use super::sandbox_files;
+use crate::net::{NetError, NetManager};
 use crate::store::{SANDBOXES, Store};
 
 /// Why a sandbox operation failed; each maps to one gRPC code in `cri/`.
@@ -80,6 +81,9 @@ pub struct SandboxRecord {
     pub cgroup_parent: String,
     /// cgroup directories Berth created for the pod (removed with it).
     pub created_cgroups: Vec<PathBuf>,
+    /// The pod's IPs from CNI (IPv4 first); empty with loopback only or the host's network.
+    #[serde(default)]
+    pub pod_ips: Vec<String>,
 }
 
 impl SandboxRecord {
@@ -114,6 +118,8 @@ pub struct SandboxManager {
     exe: PathBuf,
     layout: Layout,
     names: NameRegistry,
+    /// Pod networking (None: pods get loopback only).
+    net: Option<Arc<NetManager>>,
     /// Serialises state changes (cheap operations).
     lock: tokio::sync::Mutex<()>,
 }
@@ -128,8 +134,14 @@ fn namespace_mode(config: &cri::PodSandboxConfig) -> cri::NamespaceOption {
 }
 
 impl SandboxManager {
-    /// Loads sandboxes and repairs what a crash left (see the module doc).
-    pub fn open(store: Store, state_dir: &Path) -> Result<Arc<Self>, SandboxError> {
+    /// Loads sandboxes and repairs what a crash left (see the module doc). Networks of sandboxes
+    /// rolled back here are released by [`NetManager::release`] on the ids the net cache still
+    /// holds (the daemon does it in the background).
+    pub fn open(
+        store: Store,
+        state_dir: &Path,
+        net: Option<Arc<NetManager>>,
+    ) -> Result<Arc<Self>, SandboxError> {
         let exe = std::env::current_exe().map_err(internal("finding berthd's own path"))?;
         let layout = Layout::detect().map_err(internal("reading cgroup mounts"))?;
         let manager = Arc::new(Self {
@@ -138,6 +150,7 @@ impl SandboxManager {
             exe,
             layout,
             names: NameRegistry::new(),
+            net,
             lock: tokio::sync::Mutex::new(()),
         });
         for mut rec in manager.records()? {
@@ -280,6 +293,7 @@ impl SandboxManager {
             dir,
             cgroup_parent,
             created_cgroups: Vec::new(),
+            pod_ips: Vec::new(),
         };
         let _guard = self.lock.lock().await;
         self.save(&rec)?;
@@ -287,6 +301,7 @@ impl SandboxManager {
             Ok(()) => {
                 rec.state = SandboxState::Ready;
                 if let Err(e) = self.save(&rec) {
+                    self.release_network(&rec).await;
                     self.teardown(&rec);
                     let _ = self.delete(&rec.id);
                     return Err(e);
@@ -296,6 +311,7 @@ impl SandboxManager {
                 Ok(rec.id)
             }
             Err(e) => {
+                self.release_network(&rec).await;
                 self.teardown(&rec);
                 let _ = self.delete(&rec.id);
                 Err(e)
@@ -386,7 +402,46 @@ impl SandboxManager {
                 pins.sysctls[0].0
             )));
         }
+        // CNI last, on the pinned netns (loopback is already up); hostNetwork pods have none.
+        if let (Some(net), Some(netns)) = (&self.net, &rec.net_ns) {
+            let attached = net
+                .setup(&rec.id, netns, config)
+                .await
+                .map_err(|e| match e {
+                    NetError::InvalidArgument(_) => {
+                        SandboxError::InvalidArgument(format!("RunPodSandbox: {e}"))
+                    }
+                    e => SandboxError::Internal(format!("RunPodSandbox: {e}")),
+                })?;
+            if let Some(a) = attached {
+                rec.pod_ips = a.ips.iter().map(|ip| ip.to_string()).collect();
+            }
+        }
         Ok(())
+    }
+
+    /// The pod network manager, if networking is on.
+    pub fn network(&self) -> Option<&Arc<NetManager>> {
+        self.net.as_ref()
+    }
+
+    /// CNI DEL for the sandbox (a no-op when nothing is attached).
+    async fn detach_network(&self, rec: &SandboxRecord) -> Result<(), SandboxError> {
+        match &self.net {
+            Some(net) => net
+                .teardown(&rec.id)
+                .await
+                .map_err(|e| SandboxError::Internal(format!("pod sandbox {}: {e}", rec.id))),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::detach_network`] on an error path: failures are logged (the attachment stays
+    /// recorded and is released at the next start).
+    async fn release_network(&self, rec: &SandboxRecord) {
+        if let Err(e) = self.detach_network(rec).await {
+            tracing::warn!(sandbox = %rec.id, error = %e, "releasing the pod network");
+        }
     }
 
     /// Removes everything a sandbox owns on the host (not its record). Idempotent.
@@ -415,6 +470,13 @@ impl SandboxManager {
             Err(SandboxError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // DEL first, while the netns exists (or from the cache if it is gone); a sandbox
+        // already detached has nothing recorded, so a second stop is a no-op.
+        self.detach_network(&rec).await?;
+        if !rec.pod_ips.is_empty() {
+            rec.pod_ips.clear();
+            self.save(&rec)?;
+        }
         if rec.state == SandboxState::Ready {
             // Killing the pod init ends whatever still runs in the pod's PID namespace.
             if let Some(init) = &rec.pod_init {
@@ -436,6 +498,7 @@ impl SandboxManager {
             Err(SandboxError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
+        self.detach_network(&rec).await?;
         self.teardown(&rec);
         self.delete(&rec.id)?;
         self.names.release(&rec.name, &rec.id);
