@@ -27,6 +27,14 @@ fn pod_cfg(name: &str, log_dir: &std::path::Path, cgroup_parent: &str) -> cri::P
         labels: [("pod".to_string(), name.to_string())].into(),
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: cgroup_parent.into(),
+            // No pod init process: the stats must come from the containers alone.
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -49,6 +57,16 @@ fn ctr(name: &str, image: &str, script: &str, labels: &[(&str, &str)]) -> cri::C
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Container as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -185,7 +203,7 @@ async fn stats_follow_cpu_memory_and_the_writable_layer() {
     let c = d.client().await;
     let busybox = image("busybox");
     pull(&c, &busybox).await.expect("pull");
-    let pod = start_pod(&c, &d, "stats", false).await;
+    let pod = start_pod(&c, &d, "stats", true).await;
     let other = start_pod(&c, &d, "other", false).await;
 
     let burner = create(
@@ -439,14 +457,13 @@ async fn update_container_resources_changes_the_cgroup_live() {
     pull(&c, &busybox).await.expect("pull");
     let pod = start_pod(&c, &d, "update", false).await;
     let mut cfg = ctr("sleeper", &busybox, "sleep 1000", &[]);
-    cfg.linux = Some(cri::LinuxContainerConfig {
-        resources: Some(cri::LinuxContainerResources {
+    if let Some(l) = cfg.linux.as_mut() {
+        l.resources = Some(cri::LinuxContainerResources {
             memory_limit_in_bytes: 64 * MIB as i64,
             cpu_shares: 512,
             ..Default::default()
-        }),
-        ..Default::default()
-    });
+        });
+    }
     let id = create(&c, &pod, cfg).await;
     start(&c, &id).await;
     let v2 = Layout::detect().expect("layout").is_v2();
