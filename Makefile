@@ -31,6 +31,7 @@ lint:
 bench: build
 	bash hack/install-deps.sh --bench
 	bash hack/bench-pull.sh
+	bash hack/bench-lifecycle.sh
 
 clean:
 	$(CARGO) clean

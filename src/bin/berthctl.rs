@@ -1,6 +1,14 @@
 //! berthctl: a CRI client with crictl-like commands.
 
+#[path = "berthctl/bench.rs"]
+mod bench;
+#[path = "berthctl/config.rs"]
+mod config;
+#[path = "berthctl/pods.rs"]
+mod pods;
+
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -81,6 +89,83 @@ enum Command {
     },
     /// Image filesystem usage.
     Imagefsinfo,
+    /// Run a pod sandbox from a pod config (JSON, crictl's format); prints its id.
+    Runp {
+        /// Pod config file.
+        pod_config: PathBuf,
+        /// Runtime handler.
+        #[arg(long, default_value = "")]
+        runtime: String,
+    },
+    /// Create a container in a pod; prints its id.
+    Create {
+        /// Pod sandbox id.
+        pod_id: String,
+        /// Container config file (JSON, crictl's format).
+        container_config: PathBuf,
+        /// The pod's config file, as given to runp.
+        pod_config: PathBuf,
+    },
+    /// Start created containers.
+    Start {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Stop running containers.
+    Stop {
+        /// Seconds between the stop signal and SIGKILL.
+        #[arg(short = 't', long = "stop-timeout", default_value_t = 0)]
+        stop_timeout: i64,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Remove containers.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Stop pod sandboxes.
+    Stopp {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Remove pod sandboxes (and their containers).
+    Rmp {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// List containers (running ones unless --all).
+    Ps {
+        /// Containers in every state.
+        #[arg(long, short)]
+        all: bool,
+        /// Only this pod's containers.
+        #[arg(long, short)]
+        pod: Option<String>,
+        /// Show only ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List pod sandboxes.
+    Pods {
+        /// Only ready pods.
+        #[arg(long)]
+        ready: bool,
+        /// Show only ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Benchmarks over CRI.
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Time RunPodSandbox, CreateContainer, StartContainer and the teardown for N pods.
+    Lifecycle(bench::LifecycleArgs),
 }
 
 fn main() {
@@ -345,8 +430,60 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Runp {
+            pod_config,
+            runtime,
+        } => {
+            let id = pods::run_pod(&client, &pod_config, &runtime).await?;
+            print_id(&id, json)?;
+        }
+        Command::Create {
+            pod_id,
+            container_config,
+            pod_config,
+        } => {
+            let id = pods::create(&client, &pod_id, &container_config, &pod_config).await?;
+            print_id(&id, json)?;
+        }
+        Command::Start { ids } => {
+            pods::each(&ids, json, "starting", |id| pods::start(&client, id)).await?;
+        }
+        Command::Stop { stop_timeout, ids } => {
+            pods::each(&ids, json, "stopping", |id| {
+                pods::stop(&client, id, stop_timeout)
+            })
+            .await?;
+        }
+        Command::Rm { ids } => {
+            pods::each(&ids, json, "removing", |id| pods::remove(&client, id)).await?;
+        }
+        Command::Stopp { ids } => {
+            pods::each(&ids, json, "stopping pod", |id| pods::stop_pod(&client, id)).await?;
+        }
+        Command::Rmp { ids } => {
+            pods::each(&ids, json, "removing pod", |id| {
+                pods::remove_pod(&client, id)
+            })
+            .await?;
+        }
+        Command::Ps { all, pod, quiet } => {
+            pods::ps(&client, pods::PsArgs { all, pod, quiet }, json).await?;
+        }
+        Command::Pods { ready, quiet } => pods::pods(&client, ready, quiet, json).await?,
+        Command::Bench {
+            bench: Bench::Lifecycle(args),
+        } => bench::lifecycle(&client, args, json).await?,
     }
     Ok(())
+}
+
+fn print_id(id: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        print_json(&serde_json::json!({ "id": id }))
+    } else {
+        println!("{id}");
+        Ok(())
+    }
 }
 
 /// Runs `pull` while drawing per-layer byte counts from the runtime's verbose status.
@@ -397,5 +534,13 @@ where
                 drawn = lines.len();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_consistent() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Benchmark: the pod lifecycle through berthd and, in the same run, through containerd (Debian's
+# 1.6 with runc, CRI plugin), both driven over CRI by `berthctl bench lifecycle`: N pods one after
+# the other (RunPodSandbox + CreateContainer + StartContainer of a busybox container that sleeps),
+# all N held running while the daemons' and shims' memory is measured, then StopContainer,
+# RemoveContainer, StopPodSandbox, RemovePodSandbox. Pods use the host network (containerd 1.6
+# needs CNI otherwise). Prints p50/p99 per step, RSS figures and the ratios Berth/containerd.
+# Usage: hack/bench-lifecycle.sh [N] (default 50). Needs root and release binaries (make build).
+# Environment: PARALLEL=K brings pods up K at a time (default 1); WARMUP=W pods are run and
+# dropped first on each runtime (default 3); BERTH_LOG_LEVEL (default warn) for berthd's log,
+# which is kept when KEEP=1 (with the whole work directory).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/.." && pwd)
+N=${1:-50}
+PARALLEL=${PARALLEL:-1}
+WARMUP=${WARMUP:-3}
+BERTHD=$top/target/release/berthd
+BERTHCTL=$top/target/release/berthctl
+SHIM=$top/target/release/berth-shim
+for b in "$BERTHD" "$BERTHCTL" "$SHIM"; do
+  [ -x "$b" ] || { echo "build first: make build (missing $b)" >&2; exit 1; }
+done
+if ! command -v containerd >/dev/null || ! command -v runc >/dev/null; then
+  bash "$here/install-deps.sh" --bench
+fi
+command -v busybox >/dev/null || bash "$here/install-deps.sh"
+eval "$(bash "$here/test-env.sh" 2>/dev/null)"
+REG=$BERTH_TEST_REGISTRY
+IMAGE=$REG/busybox:latest
+PAUSE=$REG/berth-bench-pause:latest
+W=$(mktemp -d /tmp/berth-bench-lifecycle.XXXXXX)
+CG=berth-bench-$$              # cgroup parents: /$CG-berth/podI and /$CG-containerd/podI
+daemons=()
+bench_pid=
+
+# Processes (daemons' shims) whose command line names this run's work directory.
+our_procs() { # comm prefix
+  local f p
+  for f in /proc/[0-9]*/cmdline; do
+    p=${f#/proc/}; p=${p%/cmdline}
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$1"* ]] || continue
+    tr '\0' ' ' <"$f" 2>/dev/null | grep -qF "$W" && echo "$p"
+  done
+  return 0
+}
+
+cleanup() {
+  set +e
+  [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
+  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${daemons[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  for p in $(our_procs berth-shim) $(our_procs containerd-shim); do kill -9 "$p" 2>/dev/null; done
+  # Containers (and containerd's pause processes) left in this run's cgroups.
+  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
+    while read -r d; do find "$d" -name cgroup.procs -exec cat {} + ; done | sort -u |
+    xargs -r kill -9 2>/dev/null
+  sleep 0.5
+  grep -F " $W" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
+    while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
+mib() { echo "scale=2; $1 / 1024" | bc; }
+ratio() { if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
+wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; return 1; }
+
+# A pause image for containerd's sandboxes: busybox-static's sleep, built locally with
+# hack/imagebuild.py and pushed to the test registry. Berth needs none.
+push_pause() {
+  mkdir -p "$W/pause-root/bin"
+  ln -s "$(command -v busybox)" "$W/pause-root/bin/busybox"
+  python3 - "$here" "$W/pause-root" "$W/pause-oci" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import imagebuild as ib
+layout = ib.Layout(sys.argv[3])
+layer = layout.layer(ib.busybox_layer(sys.argv[2]), "gzip", "busybox-static rootfs")
+config = {"Env": [ib.PATH_ENV], "Entrypoint": ["/bin/sleep", "2147483647"]}
+layout.tag(layout.image([layer], config), "pause")
+layout.close()
+PY
+  skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$W/pause-oci:pause" "docker://$PAUSE"
+}
+
+start_berthd() {
+  local d=$W/berth
+  mkdir -p "$d"
+  "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
+    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" \
+    --log-level "${BERTH_LOG_LEVEL:-warn}" >"$d/log" 2>&1 &
+  daemons+=("$!"); berthd_pid=$!
+  wait_sock "$d/berth.sock"
+}
+
+start_containerd() {
+  local d=$W/containerd restrict_oom=false
+  # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
+  (( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
+  mkdir -p "$d/certs.d/$REG"
+  cat >"$d/certs.d/$REG/hosts.toml" <<TOML
+server = "http://$REG"
+[host."http://$REG"]
+  capabilities = ["pull", "resolve"]
+TOML
+  cat >"$d/config.toml" <<TOML
+version = 2
+root = "$d/root"
+state = "$d/state"
+[grpc]
+  address = "$d/containerd.sock"
+[ttrpc]
+  address = "$d/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE"
+  # Without CAP_SYS_RESOURCE (as in some VMs and containers) runc cannot set the sandbox's
+  # oom_score_adj of -998; this caps it at containerd's own.
+  restrict_oom_score_adj = $restrict_oom
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "$d/certs.d"
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  Root = "$d/runc"
+TOML
+  containerd --config "$d/config.toml" --log-level warn >"$d/log" 2>&1 &
+  daemons+=("$!"); containerd_pid=$!
+  wait_sock "$d/containerd.sock"
+}
+
+# bench KIND SOCKET DAEMON_PID SHIM_COMM: runs the benchmark, measuring memory while all N pods
+# run; leaves KIND.json (berthctl's report) and KIND.mem ("daemon_rss shims shim_rss_total
+# shim_pss_total pause_rss_total", KiB) in $W.
+bench() {
+  local kind=$1 sock=$2 dpid=$3 comm=$4 n=0 total=0 pss=0 pause=0 p
+  local args=(-r "$sock" bench lifecycle --image "$IMAGE" --parallel "$PARALLEL"
+    --cgroup-parent "/$CG-$kind" --log-dir "$W/$kind/logs")
+  if [ "$WARMUP" -gt 0 ]; then
+    "$BERTHCTL" "${args[@]}" --count "$WARMUP" >/dev/null 2>"$W/$kind.warmup.err" ||
+      { cat "$W/$kind.warmup.err" >&2; return 1; }
+  fi
+  "$BERTHCTL" -o json "${args[@]}" --count "$N" --hold >"$W/$kind.json" 2>"$W/$kind.err" &
+  bench_pid=$!
+  until grep -qs '^ready' "$W/$kind.err"; do
+    kill -0 "$bench_pid" 2>/dev/null || { cat "$W/$kind.err" >&2; return 1; }
+    sleep 0.2
+  done
+  sleep 2 # let the shims go idle
+  for p in $(our_procs "$comm"); do
+    n=$((n + 1)); total=$((total + $(rss_kib "$p"))); pss=$((pss + $(pss_kib "$p")))
+  done
+  # containerd's pause processes: one per pod, in the pods' cgroups (Berth has none).
+  while read -r p; do
+    [ "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" = "/bin/sleep 2147483647 " ] &&
+      pause=$((pause + $(rss_kib "$p")))
+  done < <(find /sys/fs/cgroup/pids/"$CG-$kind" -name cgroup.procs -exec cat {} + 2>/dev/null)
+  echo "$(rss_kib "$dpid") $n $total $pss $pause" >"$W/$kind.mem"
+  kill -USR1 "$bench_pid"
+  wait "$bench_pid" || { bench_pid=; cat "$W/$kind.err" >&2; return 1; }
+  bench_pid=
+}
+
+echo "pods: $N ($( [ "$PARALLEL" = 1 ] && echo sequential || echo "$PARALLEL at a time"), host network, after $WARMUP warm-up pods)   image: $IMAGE"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+push_pause
+start_berthd
+start_containerd
+"$BERTHCTL" -r "$W/containerd/containerd.sock" pull -q "$PAUSE" >/dev/null
+sleep 1
+berthd_idle=$(rss_kib "$berthd_pid"); containerd_idle=$(rss_kib "$containerd_pid")
+bench berth "$W/berth/berth.sock" "$berthd_pid" berth-shim
+bench containerd "$W/containerd/containerd.sock" "$containerd_pid" containerd-shim
+echo "load after:  $(cut -d' ' -f1-3 /proc/loadavg)"
+
+B=$W/berth.json; C=$W/containerd.json
+echo
+printf '%-22s %9s %9s %6s   %9s %9s %6s\n' step "berth p50" "ctrd p50" ratio "berth p99" "ctrd p99" ratio
+for s in RunPodSandbox CreateContainer StartContainer sandbox+create+start \
+  StopContainer RemoveContainer StopPodSandbox RemovePodSandbox stop+remove; do
+  b50=$(jq -r --arg s "$s" '.steps[$s].p50Ms' "$B"); c50=$(jq -r --arg s "$s" '.steps[$s].p50Ms' "$C")
+  b99=$(jq -r --arg s "$s" '.steps[$s].p99Ms' "$B"); c99=$(jq -r --arg s "$s" '.steps[$s].p99Ms' "$C")
+  printf '%-22s %9.1f %9.1f %6s   %9.1f %9.1f %6s\n' "$s" "$b50" "$c50" "$(ratio "$b50" "$c50")" \
+    "$b99" "$c99" "$(ratio "$b99" "$c99")"
+done
+# Does a pod start slower with more pods running? Medians of the first and the last tenth.
+tenth() { jq -r --arg s sandbox+create+start --argjson k "$(( (N + 9) / 10 ))" \
+  '.samplesMs[$s] as $a | ($a[:$k] | sort | .[length/2|floor]), ($a[-$k:] | sort | .[length/2|floor])' "$1" | paste -sd' '; }
+read -r bf bl < <(tenth "$B"); read -r cf cl < <(tenth "$C")
+printf 'sandbox+create+start median, first/last tenth of the pods: berth %s/%s ms, containerd %s/%s ms\n' "$bf" "$bl" "$cf" "$cl"
+printf 'up (wall, %d pods):    berth %.2f s, containerd %.2f s; down: berth %.2f s, containerd %.2f s\n' "$N" \
+  "$(jq .upSeconds "$B")" "$(jq .upSeconds "$C")" "$(jq .downSeconds "$B")" "$(jq .downSeconds "$C")"
+
+read -r bd bn bt bp _ <"$W/berth.mem"
+read -r cdm cn ct cp cpause <"$W/containerd.mem"
+echo
+echo "memory with $N pods running (KiB from /proc; MiB shown):"
+printf '%-34s %10s %12s %6s\n' "" berth containerd ratio
+printf '%-34s %10s %12s %6s\n' "daemon RSS, idle after start" "$(mib "$berthd_idle")" "$(mib "$containerd_idle")" "$(ratio "$berthd_idle" "$containerd_idle")"
+printf '%-34s %10s %12s %6s\n' "daemon RSS, $N pods running" "$(mib "$bd")" "$(mib "$cdm")" "$(ratio "$bd" "$cdm")"
+printf '%-34s %10s %12s\n' "shims (processes)" "$bn" "$cn"
+ba=$((bn > 0 ? bt / bn : 0)); ca=$((cn > 0 ? ct / cn : 0))
+printf '%-34s %10s %12s %6s\n' "shim RSS, average" "$(mib "$ba")" "$(mib "$ca")" "$(ratio "$ba" "$ca")"
+printf '%-34s %10s %12s %6s\n' "shim RSS, total" "$(mib "$bt")" "$(mib "$ct")" "$(ratio "$bt" "$ct")"
+printf '%-34s %10s %12s %6s\n' "shim PSS, total" "$(mib "$bp")" "$(mib "$cp")" "$(ratio "$bp" "$cp")"
+printf '%-34s %10s %12s\n' "pause processes RSS, total" "0" "$(mib "$cpause")"
+bsum=$((bd + bt)); csum=$((cdm + ct + cpause))
+printf '%-34s %10s %12s %6s\n' "daemon + shims + pause RSS" "$(mib "$bsum")" "$(mib "$csum")" "$(ratio "$bsum" "$csum")"
+
+echo
+b=$(jq '.steps["sandbox+create+start"].p50Ms' "$B"); c=$(jq '.steps["sandbox+create+start"].p50Ms' "$C")
+verdict() { if [ "$(echo "$1" | bc -l)" = 1 ]; then echo met; else echo MISSED; fi; }
+echo "targets:"
+echo "  sandbox+create+start p50 <= 0.5x containerd's: $(ratio "$b" "$c")  $(verdict "$b <= 0.5 * $c")"
+echo "  berth-shim idle RSS <= 2 MiB (containerd-shim-runc-v2: $(mib "$ca") MiB): $(mib "$ba") MiB  $(verdict "$ba <= 2048")"
+echo "  berthd RSS with $N pods <= 0.5x containerd's: $(ratio "$bd" "$cdm")  $(verdict "$bd <= 0.5 * $cdm")"
