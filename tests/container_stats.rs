@@ -408,6 +408,33 @@ async fn stats_follow_cpu_memory_and_the_writable_layer() {
     remove_sandbox(&c, &pod.id).await;
     remove_sandbox(&c, &other.id).await;
     assert!(list_stats(&c, None).await.is_empty());
+    remove_pod_cgroup(&pod).await;
+}
+
+/// Waits for the pod's cgroup to be gone; removes what is left empty (a container cgroup that
+/// was still going when the pod went keeps the pod's busy).
+async fn remove_pod_cgroup(pod: &Pod) {
+    let parent = pod
+        .config
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default();
+    if parent.is_empty() {
+        return;
+    }
+    let layout = Layout::detect().expect("layout");
+    let dirs = layout.dirs(&parent);
+    for _ in 0..30 {
+        if dirs.iter().all(|d| !d.exists()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for d in dirs.iter().filter(|d| d.exists()) {
+        eprintln!("pod cgroup {} outlived its pod; removing it", d.display());
+        let _ = std::fs::remove_dir(d);
+    }
 }
 
 /// The cgroup file `file` of `controller` for container `id` (its path from the bundle).
