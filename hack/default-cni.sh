@@ -23,7 +23,6 @@ cat >"$tmp" <<'JSON'
       "isGateway": true,
       "ipMasq": true,
       "hairpinMode": true,
-      "capabilities": { "ipRanges": true },
       "ipam": {
         "type": "host-local",
         "ranges": [[{ "subnet": "10.88.0.0/16" }]],
