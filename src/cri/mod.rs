@@ -6,8 +6,8 @@ mod image_service;
 mod runtime_info;
 mod runtime_service;
 mod sandbox_service;
-pub(crate) mod stats_service;
 pub(crate) mod server;
+pub(crate) mod stats_service;
 mod v1alpha2;
 
 pub use image_service::ImageApi;
