@@ -397,3 +397,51 @@ async fn the_pod_cidr_from_update_runtime_config_feeds_ip_ranges() {
     remove_pod(&c, &pod).await;
     assert_clean(&net, &d);
 }
+
+#[tokio::test]
+async fn a_berthd_killed_during_add_releases_the_network_at_its_next_start() {
+    let net = TestNet::new("crash");
+    net.fake_plugin(
+        "slowplug",
+        r#"case "$CNI_COMMAND" in ADD) sleep 2; echo '{"cniVersion":"1.0.0"}';; esac"#,
+    );
+    net.write(
+        "10-test.conflist",
+        &net.conflist(
+            "1.0.0",
+            vec![net.bridge_plugin(), json!({"type": "slowplug"})],
+        ),
+    );
+    let mut d = start(&net);
+    let c = d.client().await;
+    let logs = d.dir.path().join("logs");
+    let cfg = pod_config("crash", &logs, cri::NamespaceMode::Pod);
+    let bg = tokio::spawn(async move {
+        c.runtime()
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg),
+                runtime_handler: String::new(),
+            })
+            .await
+    });
+    for _ in 0..200 {
+        if net.calls("slowplug").contains(&"ADD".to_string()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(net.calls("slowplug"), ["ADD"]);
+    assert_eq!(net.allocations().len(), 1, "bridge ran before the crash");
+    d.kill9();
+    let _ = bg.await;
+    d.spawn();
+    // The half-made sandbox is rolled back at start and its network released in the background.
+    for _ in 0..250 {
+        if net.allocations().is_empty() && cache_entries(&d).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(net.calls("slowplug").contains(&"DEL".to_string()));
+    assert_clean(&net, &d);
+}
