@@ -77,10 +77,13 @@ pub fn status(rec: &ContainerRecord) -> cri::ContainerStatusResponse {
                     supplemental_groups: rec.groups.iter().map(|g| i64::from(*g)).collect(),
                 }),
             }),
-            resources: config.linux.and_then(|l| l.resources).map(|r| cri::ContainerResources {
-                linux: Some(r),
-                windows: None,
-            }),
+            resources: config
+                .linux
+                .and_then(|l| l.resources)
+                .map(|r| cri::ContainerResources {
+                    linux: Some(r),
+                    windows: None,
+                }),
             ..Default::default()
         }),
         info: Default::default(),
