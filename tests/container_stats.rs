@@ -598,6 +598,44 @@ async fn update_container_resources_changes_the_cgroup_live() {
     };
     assert_eq!(read_trim(&limit_file), (100 * MIB).to_string());
 
+    // A limit below what the container holds: cgroup v1 without swap cannot reclaim shmem and
+    // refuses (v2 would OOM-kill instead, so only v1 is checked).
+    let no_swap = std::fs::read_to_string("/proc/swaps")
+        .map(|t| t.lines().count() <= 1)
+        .unwrap_or(false);
+    if !v2 && no_swap {
+        let out = c
+            .runtime()
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec![
+                    "dd".into(),
+                    "if=/dev/zero".into(),
+                    "of=/dev/shm/held".into(),
+                    "bs=1M".into(),
+                    "count=16".into(),
+                ],
+                timeout: 30,
+            })
+            .await
+            .expect("exec")
+            .into_inner();
+        assert_eq!(out.exit_code, 0, "{out:?}");
+        let e = update(
+            &c,
+            &id,
+            cri::LinuxContainerResources {
+                memory_limit_in_bytes: 4 * MIB as i64,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("below usage");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains(&id), "{e:?}");
+        assert_eq!(read_trim(&limit_file), (100 * MIB).to_string());
+    }
+
     // An exited container cannot be updated.
     c.runtime()
         .stop_container(cri::StopContainerRequest {
