@@ -213,6 +213,16 @@ mod tests {
     }
 
     #[test]
+    fn cni_section_keeps_other_defaults() {
+        let cfg = Config::parse("[cni]\nconf_dir = \"/x/net.d\"\n").expect("parses");
+        assert_eq!(cfg.cni.conf_dir, PathBuf::from("/x/net.d"));
+        assert_eq!(cfg.cni.bin_dirs, CniConfig::default().bin_dirs);
+        let mut cfg = Config::default();
+        cfg.cni.plugin_timeout_secs = 0.0;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
     fn unknown_field_is_an_error() {
         assert!(Config::parse("rooot = \"/x\"").is_err());
     }

@@ -314,3 +314,39 @@ async fn capabilities_and_args_reach_the_plugins_that_ask() {
     assert_eq!(del["runtimeConfig"]["portMappings"][0]["hostPort"], 8080);
     assert!(net.allocations().is_empty());
 }
+
+/// Berth's own time around the plugins (ADD total minus time inside plugin processes), over
+/// 20 ADD/DEL rounds with bridge + portmap. Prints the figures; asserts nothing about speed.
+#[tokio::test]
+async fn add_overhead_figures() {
+    let net = TestNet::new("overhead");
+    net.write("10-test.conflist", &net.standard());
+    let m = manager(&net, Duration::from_secs(10));
+    let ns = net.add_netns("a");
+    let (mut total, mut plugins, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..20 {
+        let id = format!("ovh{i}");
+        let a = m
+            .setup(&id, &ns, &pod("ovh"))
+            .await
+            .expect("ADD")
+            .expect("network");
+        total.push(a.timing.total);
+        plugins.push(a.timing.plugins);
+        overhead.push(a.timing.total.saturating_sub(a.timing.plugins));
+        m.teardown(&id).await.expect("DEL");
+    }
+    let pct = |v: &mut Vec<Duration>, p: usize| {
+        v.sort();
+        v[(v.len() * p / 100).min(v.len() - 1)]
+    };
+    println!(
+        "ADD over 20 rounds: total p50 {:?} p99 {:?}; in plugins p50 {:?}; Berth's overhead p50 {:?} p99 {:?}",
+        pct(&mut total, 50),
+        pct(&mut total, 99),
+        pct(&mut plugins, 50),
+        pct(&mut overhead, 50),
+        pct(&mut overhead, 99),
+    );
+    assert!(net.allocations().is_empty());
+}

@@ -72,8 +72,9 @@ impl Cache {
         Ok(self.dir.join(format!("{id}.json")))
     }
 
-    /// Stores `entry` durably.
-    pub fn save(&self, entry: &Entry) -> Result<(), CacheError> {
+    /// Stores `entry` atomically (temp file + rename); `durable` also fsyncs it first (a
+    /// berthd crash keeps the page cache: only a power loss needs the fsync).
+    pub fn save(&self, entry: &Entry, durable: bool) -> Result<(), CacheError> {
         let path = self.path(&entry.sandbox_id)?;
         let io = |error| CacheError::Io {
             path: path.clone(),
@@ -87,7 +88,9 @@ impl Cache {
         })?;
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
+        if durable {
+            f.sync_all().map_err(io)?;
+        }
         std::fs::rename(&tmp, &path).map_err(io)?;
         Ok(())
     }
@@ -152,7 +155,7 @@ mod tests {
             runtime_config: Map::new(),
             result: Some(serde_json::json!({"ips": []})),
         };
-        cache.save(&e).expect("save");
+        cache.save(&e, true).expect("save");
         assert_eq!(cache.load("abc").expect("load"), Some(e));
         assert_eq!(cache.ids(), ["abc"]);
         cache.remove("abc").expect("remove");

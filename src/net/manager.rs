@@ -235,8 +235,8 @@ impl NetManager {
             runtime_config,
             result: None,
         };
-        // Recorded before ADD: a crash half-way still leaves what DEL needs.
-        self.cache.save(&entry)?;
+        // Recorded before ADD: a berthd crash half-way still leaves what DEL needs.
+        self.cache.save(&entry, false)?;
         let netns_str = netns.to_string_lossy();
         let inv = Invocation {
             op: Op::Add,
@@ -275,7 +275,7 @@ impl NetManager {
         let result = prev.unwrap_or_else(|| Value::Object(Default::default()));
         let ips = result::pod_ips(&result, IFNAME);
         entry.result = Some(result);
-        if let Err(e) = self.cache.save(&entry) {
+        if let Err(e) = self.cache.save(&entry, true) {
             let _ = self
                 .del(&conf, &entry, conf.plugins.len(), entry.result.as_ref())
                 .await;
