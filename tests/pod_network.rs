@@ -445,3 +445,39 @@ async fn a_berthd_killed_during_add_releases_the_network_at_its_next_start() {
     assert!(net.calls("slowplug").contains(&"DEL".to_string()));
     assert_clean(&net, &d);
 }
+
+#[tokio::test]
+async fn dual_stack_pods_report_the_second_family_as_an_additional_ip() {
+    if !std::path::Path::new("/proc/net/if_inet6").exists() {
+        eprintln!("skipped: no IPv6 on this host");
+        return;
+    }
+    let net = TestNet::new("dual");
+    let mut bridge = net.bridge_plugin();
+    let v6 = format!("fd00:1{}::/64", &net.bridge[2..5]);
+    bridge["ipam"]["ranges"]
+        .as_array_mut()
+        .expect("ranges")
+        .push(json!([{ "subnet": v6 }]));
+    net.write("10-test.conflist", &net.conflist("1.0.0", vec![bridge]));
+    let d = start(&net);
+    let c = d.client().await;
+    let logs = d.dir.path().join("logs");
+    let pod = run_pod(
+        &c,
+        &pod_config("dual", &logs, cri::NamespaceMode::Container),
+    )
+    .await;
+    let ips = pod_ips(&c, &pod).await;
+    assert_eq!(ips.len(), 2, "{ips:?}");
+    assert!(
+        ips[0].starts_with(&format!("{}.", net.prefix)),
+        "IPv4 first: {ips:?}"
+    );
+    assert!(
+        ips[1].starts_with(&v6[..v6.len() - 4]),
+        "then IPv6: {ips:?}"
+    );
+    remove_pod(&c, &pod).await;
+    assert_clean(&net, &d);
+}
