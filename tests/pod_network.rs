@@ -481,3 +481,56 @@ async fn dual_stack_pods_report_the_second_family_as_an_additional_ip() {
     remove_pod(&c, &pod).await;
     assert_clean(&net, &d);
 }
+
+#[tokio::test]
+async fn bandwidth_annotations_shape_the_pod_through_the_bandwidth_plugin() {
+    let net = TestNet::new("bw");
+    net.write(
+        "10-test.conflist",
+        &net.conflist(
+            "1.0.0",
+            vec![
+                net.bridge_plugin(),
+                json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
+            ],
+        ),
+    );
+    let d = start(&net);
+    let c = d.client().await;
+    let logs = d.dir.path().join("logs");
+    let mut cfg = pod_config("bw", &logs, cri::NamespaceMode::Container);
+    cfg.annotations
+        .insert("kubernetes.io/ingress-bandwidth".into(), "10M".into());
+    cfg.annotations
+        .insert("kubernetes.io/egress-bandwidth".into(), "20M".into());
+    let pod = run_pod(&c, &cfg).await;
+    let veth = net.veths().pop().expect("the pod's veth");
+    let out = std::process::Command::new("tc")
+        .args(["qdisc", "show", "dev", &veth])
+        .output()
+        .expect("tc");
+    let qdisc = String::from_utf8_lossy(&out.stdout).to_string();
+    // Ingress to the pod is shaped on the host side of its veth.
+    assert!(qdisc.contains("tbf") && qdisc.contains("10Mbit"), "{qdisc}");
+    remove_pod(&c, &pod).await;
+    assert_clean(&net, &d);
+
+    // A malformed annotation is the pod's error, not the network's.
+    cfg.annotations
+        .insert("kubernetes.io/egress-bandwidth".into(), "fast".into());
+    cfg.metadata.as_mut().expect("metadata").name = "bw2".into();
+    let err = c
+        .runtime()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cfg),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect_err("bad annotation");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("kubernetes.io/egress-bandwidth"),
+        "{err:?}"
+    );
+    assert_clean(&net, &d);
+}
