@@ -144,6 +144,10 @@ impl Daemon {
             c.arg("--registry-config-dir")
                 .arg(self.dir.path().join("certs.d"));
         }
+        // No pod network unless the test sets one up (never the host's /etc/cni/net.d).
+        if !self.extra_args.iter().any(|a| a == "--cni-conf-dir") {
+            c.arg("--cni-conf-dir").arg(self.dir.path().join("no-cni"));
+        }
         c.args(&self.extra_args);
         c
     }
