@@ -1,10 +1,15 @@
 //! CRI container messages from Berth's container records.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use k8s_cri::v1 as cri;
 use tonic::Status;
 
-use crate::runtime::container::{ContainerError, ContainerRecord, cri_state};
-use crate::runtime::container_create::CreateError;
+use crate::image::ImageManager;
+use crate::runtime::container::{ContainerError, ContainerRecord, ContainerState, cri_state};
+use crate::runtime::container_create::{CreateError, volumes};
+use crate::runtime::shim_client::ShimClient;
 
 impl From<ContainerError> for Status {
     fn from(e: ContainerError) -> Self {
@@ -49,43 +54,124 @@ pub fn to_list_item(rec: &ContainerRecord) -> cri::Container {
     }
 }
 
-/// ContainerStatus.
-pub fn status(rec: &ContainerRecord) -> cri::ContainerStatusResponse {
+/// The image reference ContainerStatus reports as `image_ref`: the repo digest of the image
+/// (`name@sha256:…`) matching the repository the container asked for, else its first repo
+/// digest, else the image id (what ImageStatus reports as `repo_digests` / `id`).
+fn image_ref_of(rec: &ContainerRecord, images: &ImageManager) -> String {
+    let Ok(Some(view)) = images.status(&rec.image_id) else {
+        return rec.image_id.clone();
+    };
+    let digests = &view.record.repo_digests;
+    let repo = rec
+        .image_ref
+        .split('@')
+        .next()
+        .map(|r| {
+            // Drop a tag (a ':' after the last '/').
+            match (r.rfind(':'), r.rfind('/')) {
+                (Some(c), Some(s)) if c > s => &r[..c],
+                (Some(c), None) => &r[..c],
+                _ => r,
+            }
+        })
+        .unwrap_or_default();
+    digests
+        .iter()
+        .find(|d| !repo.is_empty() && d.split('@').next().is_some_and(|n| n.ends_with(repo)))
+        .or_else(|| digests.first())
+        .cloned()
+        .unwrap_or_else(|| rec.image_id.clone())
+}
+
+/// The verbose `info` map: key "info" holds JSON with the pid, sandbox id, runtime spec (the
+/// bundle's config.json), snapshot key and bundle path.
+async fn verbose_info(rec: &ContainerRecord) -> HashMap<String, String> {
+    let pid = if rec.state == ContainerState::Running || rec.state == ContainerState::Created {
+        ShimClient::new(&rec.socket)
+            .state(Duration::from_secs(2))
+            .await
+            .map(|s| s.pid)
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let spec = std::fs::read(rec.bundle.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let info = serde_json::json!({
+        "sandboxID": rec.sandbox_id,
+        "pid": pid,
+        "snapshotKey": rec.snapshot,
+        "snapshotter": "overlayfs",
+        "bundle": rec.bundle,
+        "imageID": rec.image_id,
+        "logPath": rec.log_path,
+        "runtimeSpec": spec,
+    });
+    HashMap::from([("info".to_string(), info.to_string())])
+}
+
+/// ContainerStatus; `verbose` adds the `info` map.
+pub async fn status(
+    rec: &ContainerRecord,
+    images: &ImageManager,
+    verbose: bool,
+) -> cri::ContainerStatusResponse {
     let config = rec.config();
     let exit = rec.exit.clone().unwrap_or_default();
-    cri::ContainerStatusResponse {
-        status: Some(cri::ContainerStatus {
-            id: rec.id.clone(),
-            metadata: config.metadata,
-            state: cri_state(rec.state),
-            created_at: rec.created_at,
-            started_at: rec.started_at,
-            finished_at: exit.finished_at,
-            exit_code: exit.exit_code,
-            image: config.image,
-            image_ref: rec.image_id.clone(),
-            image_id: rec.image_id.clone(),
-            reason: exit.reason,
-            labels: config.labels,
-            annotations: config.annotations,
-            mounts: config.mounts,
-            log_path: rec.log_path.display().to_string(),
-            user: Some(cri::ContainerUser {
-                linux: Some(cri::LinuxContainerUser {
-                    uid: i64::from(rec.uid),
-                    gid: i64::from(rec.gid),
-                    supplemental_groups: rec.groups.iter().map(|g| i64::from(*g)).collect(),
-                }),
+    let exited = rec.state == ContainerState::Exited;
+    let reason = match exit.reason.as_str() {
+        _ if !exited => String::new(),
+        "" if exit.exit_code == 0 => "Completed".into(),
+        "" => "Error".into(),
+        r => r.to_string(),
+    };
+    let message = if exited {
+        volumes::read_termination_message(&rec.bundle, &config)
+    } else {
+        String::new()
+    };
+    let info = if verbose {
+        verbose_info(rec).await
+    } else {
+        HashMap::new()
+    };
+    let mut status = cri::ContainerStatus {
+        id: rec.id.clone(),
+        metadata: config.metadata.clone(),
+        state: cri_state(rec.state),
+        created_at: rec.created_at,
+        started_at: rec.started_at,
+        finished_at: exit.finished_at,
+        exit_code: exit.exit_code,
+        image: config.image.clone(),
+        image_ref: image_ref_of(rec, images),
+        image_id: rec.image_id.clone(),
+        reason,
+        labels: config.labels.clone(),
+        annotations: config.annotations.clone(),
+        mounts: config.mounts.clone(),
+        log_path: rec.log_path.display().to_string(),
+        user: Some(cri::ContainerUser {
+            linux: Some(cri::LinuxContainerUser {
+                uid: i64::from(rec.uid),
+                gid: i64::from(rec.gid),
+                supplemental_groups: rec.groups.iter().map(|g| i64::from(*g)).collect(),
             }),
-            resources: config
-                .linux
-                .and_then(|l| l.resources)
-                .map(|r| cri::ContainerResources {
-                    linux: Some(r),
-                    windows: None,
-                }),
-            ..Default::default()
         }),
-        info: Default::default(),
+        resources: config
+            .linux
+            .and_then(|l| l.resources)
+            .map(|r| cri::ContainerResources {
+                linux: Some(r),
+                windows: None,
+            }),
+        ..Default::default()
+    };
+    status.message = message;
+    cri::ContainerStatusResponse {
+        status: Some(status),
+        info,
     }
 }

@@ -360,8 +360,11 @@ async fn container_status(
     &self,
     request: Request<cri::ContainerStatusRequest>,
 ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
-    let rec = self.containers.status(&request.get_ref().container_id).await?;
-    Ok(Response::new(container_service::status(&rec)))
+    let req = request.get_ref();
+    let rec = self.containers.status(&req.container_id).await?;
+    Ok(Response::new(
+        container_service::status(&rec, &self.images, req.verbose).await,
+    ))
 }
 
 async fn runtime_config(

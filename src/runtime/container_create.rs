@@ -12,6 +12,9 @@ use super::sandbox::{SandboxError, SandboxManager, SandboxState};
 use super::spec::{self, SandboxPaths, SpecError, SpecInput};
 use crate::image::ImageManager;
 
+#[path = "container_volumes.rs"]
+pub mod volumes;
+
 /// Why CreateContainer failed; each maps to one gRPC code in `cri/`.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -53,6 +56,9 @@ pub struct Prepared {
     pub image_id: String,
     /// Sandbox id.
     pub sandbox_id: String,
+    /// Host directories created for CRI mounts whose host path was missing (removed again
+    /// only by a failed create; a removed container leaves them, as the kubelet expects).
+    pub created_host_dirs: Vec<PathBuf>,
 }
 
 impl ContainerCreator {
@@ -132,7 +138,6 @@ impl ContainerCreator {
         };
         match self
             .prepare(
-                &id,
                 &sandbox,
                 req,
                 config,
@@ -152,7 +157,6 @@ impl ContainerCreator {
 
     async fn prepare(
         &self,
-        id: &str,
         sandbox: &super::sandbox::SandboxRecord,
         req: &cri::CreateContainerRequest,
         config: &cri::ContainerConfig,
@@ -160,6 +164,7 @@ impl ContainerCreator {
         prepared: &mut Prepared,
         target_pid_ns: &Option<PathBuf>,
     ) -> Result<(), CreateError> {
+        let id = &prepared.id.clone();
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
         };
@@ -180,6 +185,10 @@ impl ContainerCreator {
                 .map_err(|e| internal("mounting the rootfs", &e))?;
             prepared.rootfs_mounted = Some(rootfs.clone());
         }
+        prepared.created_host_dirs = volumes::create_missing_host_paths(config)?;
+        volumes::ensure_host_propagation(config)?;
+        let image_volumes = volumes::prepare_image_volumes(&self.images, id, &bundle, config)?;
+        let termination = volumes::prepare_termination_log(&bundle, config)?;
         let image_config = self
             .images
             .config_json(image)
@@ -201,6 +210,7 @@ impl ContainerCreator {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
+        let host_caps = spec::host_capabilities();
         let config = &effective_namespaces(config, &paths);
         let input = SpecInput {
             container_id: id,
@@ -212,7 +222,11 @@ impl ContainerCreator {
             sandbox_paths: &paths,
             cgroup_parent: &sandbox.cgroup_parent,
             runtime_oom_score_adj: own_oom,
-            termination_message: None,
+            termination_message: termination
+                .as_ref()
+                .map(|(host, dest)| (host.as_path(), dest.as_path())),
+            image_volumes: &image_volumes,
+            host_capabilities: host_caps.as_ref(),
         };
         let (oci, user) = spec::generate(&input).map_err(|e| match e {
             e @ SpecError::InvalidArgument { .. } => {
@@ -257,8 +271,13 @@ fn effective_namespaces(
 }
 
 impl Prepared {
-    /// Unmounts the rootfs, removes the snapshot and the bundle. Idempotent.
+    /// Unmounts the rootfs and image volumes, removes the snapshots and the bundle. Idempotent.
     pub fn undo(&mut self, images: &ImageManager) {
+        if let Some(bundle) = &self.bundle
+            && !self.id.is_empty()
+        {
+            volumes::undo_image_volumes(images, &self.id, bundle);
+        }
         if let Some(rootfs) = self.rootfs_mounted.take()
             && let Err(e) = berth_snapshotter::unmount(&rootfs)
         {
@@ -273,6 +292,10 @@ impl Prepared {
             && let Err(e) = std::fs::remove_dir_all(&bundle)
         {
             tracing::warn!(bundle = %bundle.display(), error = %e, "removing bundle");
+        }
+        // Deepest first; only while empty (the container may have written into them).
+        for dir in self.created_host_dirs.drain(..).rev() {
+            let _ = std::fs::remove_dir(&dir);
         }
     }
 }

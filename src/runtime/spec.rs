@@ -5,7 +5,9 @@
 //!
 //! Not covered here, on purpose:
 //! - Image volumes (`Volumes` in the image config) get no mount: the path stays part of the
-//!   container's writable rootfs (containerd's `ignore` mode). They are still parsed.
+//!   container's writable rootfs (containerd's `ignore` mode). They are still parsed. (CRI
+//!   mounts of an image, `Mount.image`, are bound read-only from the host directory the
+//!   caller mounted for them: [`SpecInput::image_volumes`].)
 //! - rlimits: none are set; the container inherits the shim's.
 //! - SELinux relabelling and AppArmor are ignored.
 //! - Missing CRI mount host paths are not created here: the caller creates them (as directories)
@@ -210,6 +212,12 @@ pub struct SpecInput<'a> {
     /// (host file, container path) of the termination message file, created by the caller.
     /// Skipped when a CRI mount already targets that container path.
     pub termination_message: Option<(&'a Path, &'a Path)>,
+    /// Host directories of image volumes, by index in `config.mounts`: each is the image's
+    /// read-only rootfs (or its sub path), mounted by the caller.
+    pub image_volumes: &'a HashMap<usize, PathBuf>,
+    /// Capabilities the runtime itself may grant (its bounding set); `None`: every known one.
+    /// "ALL" and privileged mean these, and a requested capability outside them is dropped.
+    pub host_capabilities: Option<&'a HashSet<Capability>>,
 }
 
 /// Reads the fields Berth uses from an OCI image config blob (`{"config": {...}}`).
@@ -272,7 +280,7 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
         },
     )?;
 
-    let caps = capabilities(&sc)?;
+    let caps = capabilities(&sc, input.host_capabilities)?;
     let cap_set: HashSet<Capability> = caps.iter().copied().collect();
     let resources = linux.resources.clone().unwrap_or_default();
     let oom_score_adj = oom_score_adj(resources.oom_score_adj, input.runtime_oom_score_adj)?;
@@ -298,13 +306,16 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
                 .ambient(HashSet::new())
                 .build()?,
         )
-        .no_new_privileges(sc.no_new_privs)
         .oom_score_adj(oom_score_adj)
         .build()?;
     // The builders fill unset fields from oci-spec's `Default` impls (rlimits NOFILE=1024,
-    // hostname "youki", ...): clear those explicitly.
+    // no_new_privileges true, hostname "youki", ...): clear those explicitly.
     let mut process = process;
     process.set_rlimits(None);
+    // Unset rather than `false`: libcontainer loads a seccomp filter before it drops
+    // capabilities only when no_new_privileges is absent (without it, loading a filter needs
+    // CAP_SYS_ADMIN, which most containers no longer hold at that point).
+    process.set_no_new_privileges(sc.no_new_privs.then_some(true));
 
     let namespaces = namespaces(&ns_opts, input.sandbox_paths)?;
     let has_uts = namespaces
@@ -436,10 +447,89 @@ fn parse_capability(name: &str, field: &str) -> Result<Capability, SpecError> {
         .map_err(|_| SpecError::invalid(field, format!("unknown capability {name:?}")))
 }
 
+/// Capability numbers (linux/capability.h) of the capabilities oci-spec knows.
+const CAPABILITY_BITS: &[(u32, Capability)] = &[
+    (0, Capability::Chown),
+    (1, Capability::DacOverride),
+    (2, Capability::DacReadSearch),
+    (3, Capability::Fowner),
+    (4, Capability::Fsetid),
+    (5, Capability::Kill),
+    (6, Capability::Setgid),
+    (7, Capability::Setuid),
+    (8, Capability::Setpcap),
+    (9, Capability::LinuxImmutable),
+    (10, Capability::NetBindService),
+    (11, Capability::NetBroadcast),
+    (12, Capability::NetAdmin),
+    (13, Capability::NetRaw),
+    (14, Capability::IpcLock),
+    (15, Capability::IpcOwner),
+    (16, Capability::SysModule),
+    (17, Capability::SysRawio),
+    (18, Capability::SysChroot),
+    (19, Capability::SysPtrace),
+    (20, Capability::SysPacct),
+    (21, Capability::SysAdmin),
+    (22, Capability::SysBoot),
+    (23, Capability::SysNice),
+    (24, Capability::SysResource),
+    (25, Capability::SysTime),
+    (26, Capability::SysTtyConfig),
+    (27, Capability::Mknod),
+    (28, Capability::Lease),
+    (29, Capability::AuditWrite),
+    (30, Capability::AuditControl),
+    (31, Capability::Setfcap),
+    (32, Capability::MacOverride),
+    (33, Capability::MacAdmin),
+    (34, Capability::Syslog),
+    (35, Capability::WakeAlarm),
+    (36, Capability::BlockSuspend),
+    (37, Capability::AuditRead),
+    (38, Capability::Perfmon),
+    (39, Capability::Bpf),
+    (40, Capability::CheckpointRestore),
+];
+
+/// The capabilities of a `CapBnd:` hex mask from /proc/<pid>/status.
+pub fn capabilities_from_mask(mask: u64) -> HashSet<Capability> {
+    CAPABILITY_BITS
+        .iter()
+        .filter(|(bit, _)| mask & (1u64 << bit) != 0)
+        .map(|(_, c)| *c)
+        .collect()
+}
+
+/// This process's bounding set (what the containers it starts can hold at most); `None` if
+/// /proc/self/status cannot be read.
+pub fn host_capabilities() -> Option<HashSet<Capability>> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))?
+        .trim();
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .map(capabilities_from_mask)
+}
+
 /// The bounding/effective/permitted set: containerd's defaults, then add (ALL), drop (ALL).
-fn capabilities(sc: &cri::LinuxContainerSecurityContext) -> Result<Vec<Capability>, SpecError> {
+/// "ALL" and privileged mean every capability the host allows; a named capability outside the
+/// host's bounding set is dropped with a warning (the kernel would refuse the whole set).
+fn capabilities(
+    sc: &cri::LinuxContainerSecurityContext,
+    host: Option<&HashSet<Capability>>,
+) -> Result<Vec<Capability>, SpecError> {
+    let all = || -> Vec<Capability> {
+        ALL_CAPABILITIES
+            .iter()
+            .copied()
+            .filter(|c| host.is_none_or(|h| h.contains(c)))
+            .collect()
+    };
     if sc.privileged {
-        return Ok(ALL_CAPABILITIES.to_vec());
+        return Ok(all());
     }
     let empty = cri::Capability::default();
     let req = sc.capabilities.as_ref().unwrap_or(&empty);
@@ -451,7 +541,7 @@ fn capabilities(sc: &cri::LinuxContainerSecurityContext) -> Result<Vec<Capabilit
     }
     let is_all = |s: &String| s.eq_ignore_ascii_case("ALL");
     let mut caps: Vec<Capability> = if req.add_capabilities.iter().any(is_all) {
-        ALL_CAPABILITIES.to_vec()
+        all()
     } else {
         DEFAULT_CAPABILITIES.to_vec()
     };
@@ -460,6 +550,10 @@ fn capabilities(sc: &cri::LinuxContainerSecurityContext) -> Result<Vec<Capabilit
     }
     for name in req.add_capabilities.iter().filter(|s| !is_all(s)) {
         let cap = parse_capability(name, "capabilities.add_capabilities")?;
+        if host.is_some_and(|h| !h.contains(&cap)) {
+            tracing::warn!(capability = %name, "not in the runtime's bounding set; not granted");
+            continue;
+        }
         if !caps.contains(&cap) {
             caps.push(cap);
         }
@@ -666,6 +760,30 @@ fn clean_abs(p: &str) -> Option<PathBuf> {
 
 type Mounts = (Vec<Mount>, Option<String>);
 
+/// An image volume (a CRI mount with `image` set) is read-only, has no host path, and takes
+/// no propagation other than private.
+pub fn check_image_volume(m: &cri::Mount, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+    if !m.host_path.is_empty() {
+        return Err(SpecError::invalid(
+            field("host_path"),
+            "an image volume mount takes no host_path",
+        ));
+    }
+    if !m.readonly {
+        return Err(SpecError::invalid(
+            field("readonly"),
+            "image volume mounts are read-only: readonly must be true",
+        ));
+    }
+    if m.propagation != cri::MountPropagation::PropagationPrivate as i32 {
+        return Err(SpecError::invalid(
+            field("propagation"),
+            "image volume mounts take private propagation only",
+        ));
+    }
+    Ok(())
+}
+
 /// Default mounts, sandbox files, the termination message file and the CRI mounts, in that
 /// order (CRI mounts sorted parents first). A default mount at or under a CRI mount's
 /// destination is dropped. Also returns the rootfs propagation the CRI mounts need.
@@ -680,18 +798,21 @@ fn mounts(
     let mut propagation: Option<String> = None;
     for (i, m) in input.config.mounts.iter().enumerate() {
         let field = |f: &str| format!("mounts[{i}].{f}");
-        if m.image.is_some() && m.host_path.is_empty() {
-            return Err(SpecError::invalid(
-                field("image"),
-                "image volume mounts are not supported",
-            ));
-        }
         let dest = clean_abs(&m.container_path).ok_or_else(|| {
             SpecError::invalid(
                 field("container_path"),
                 format!("{:?} is not an absolute path", m.container_path),
             )
         })?;
+        if m.image.as_ref().is_some_and(|i| !i.image.is_empty()) {
+            check_image_volume(m, &field)?;
+            let source = input.image_volumes.get(&i).ok_or_else(|| {
+                SpecError::invalid(field("image"), "image volume was not prepared")
+            })?;
+            let options = vec!["rbind".into(), "rprivate".into(), "ro".into()];
+            cri_mounts.push((dest.clone(), bind(&dest, source, options)?));
+            continue;
+        }
         if !Path::new(&m.host_path).is_absolute() {
             return Err(SpecError::invalid(
                 field("host_path"),
@@ -702,12 +823,12 @@ fn mounts(
             Ok(P::PropagationPrivate) => "rprivate",
             Ok(P::PropagationHostToContainer) => {
                 if propagation.is_none() {
-                    propagation = Some("rslave".into());
+                    propagation = Some("slave".into());
                 }
                 "rslave"
             }
             Ok(P::PropagationBidirectional) => {
-                propagation = Some("rshared".into());
+                propagation = Some("shared".into());
                 "rshared"
             }
             Err(_) => {

@@ -95,6 +95,8 @@ struct Fixture {
     rootfs: PathBuf,
     runtime_oom: i32,
     termination: Option<(PathBuf, PathBuf)>,
+    image_volumes: HashMap<usize, PathBuf>,
+    host_caps: Option<HashSet<Capability>>,
 }
 
 impl Fixture {
@@ -107,6 +109,8 @@ impl Fixture {
             rootfs: rootfs(tag),
             runtime_oom: -999,
             termination: None,
+            image_volumes: HashMap::new(),
+            host_caps: None,
         }
     }
 
@@ -148,6 +152,8 @@ impl Fixture {
                 .termination
                 .as_ref()
                 .map(|(h, c)| (h.as_path(), c.as_path())),
+            image_volumes: &self.image_volumes,
+            host_capabilities: self.host_caps.as_ref(),
         })
     }
 
@@ -387,10 +393,8 @@ fn cri_mounts_with_readonly_propagation_and_rro() {
         options(mount_at(&spec, "/shared").unwrap()),
         ["rbind", "rshared", "rw"]
     );
-    assert_eq!(
-        linux(&spec).rootfs_propagation().as_deref(),
-        Some("rshared")
-    );
+    // libcontainer takes "shared"/"slave"/"private" for the rootfs (an "r" prefix is refused).
+    assert_eq!(linux(&spec).rootfs_propagation().as_deref(), Some("shared"));
     let mounts = spec.mounts().as_ref().unwrap();
     let pos = |d: &str| {
         mounts
@@ -414,6 +418,83 @@ fn cri_mounts_with_readonly_propagation_and_rro() {
     f.config.mounts[1].readonly = true;
     f.config.mounts[0].container_path = "relative/path".into();
     invalid(&f, "mounts[0].container_path");
+    f.config.mounts = vec![f.config.mounts[0].clone()];
+    f.config.mounts[0].container_path = "/data/sub".into();
+    assert_eq!(
+        linux(&f.spec()).rootfs_propagation().as_deref(),
+        Some("slave")
+    );
+}
+
+#[test]
+fn image_volume_mounts() {
+    let mut f = Fixture::new("imgvol");
+    let image = Some(cri::ImageSpec {
+        image: "busybox".into(),
+        ..Default::default()
+    });
+    f.config.mounts = vec![cri::Mount {
+        container_path: "/mnt/img".into(),
+        readonly: true,
+        image: image.clone(),
+        ..Default::default()
+    }];
+    invalid(&f, "mounts[0].image");
+    f.image_volumes
+        .insert(0, PathBuf::from("/var/lib/berth/c1/imagevols/0"));
+    let spec = f.spec();
+    let m = mount_at(&spec, "/mnt/img").unwrap();
+    assert_eq!(
+        m.source().as_deref(),
+        Some(Path::new("/var/lib/berth/c1/imagevols/0"))
+    );
+    assert_eq!(options(m), ["rbind", "rprivate", "ro"]);
+    assert_eq!(m.typ().as_deref(), Some("bind"));
+    f.config.mounts[0].readonly = false;
+    invalid(&f, "mounts[0].readonly");
+    f.config.mounts[0].readonly = true;
+    f.config.mounts[0].host_path = "/srv".into();
+    invalid(&f, "mounts[0].host_path");
+    f.config.mounts[0].host_path = String::new();
+    f.config.mounts[0].propagation = cri::MountPropagation::PropagationBidirectional as i32;
+    invalid(&f, "mounts[0].propagation");
+    f.config.mounts[0].propagation = 0;
+    f.config.mounts[0].container_path = "mnt/img".into();
+    invalid(&f, "mounts[0].container_path");
+}
+
+#[test]
+fn termination_message_file_is_bound_unless_a_mount_covers_it() {
+    let mut f = Fixture::new("termlog");
+    f.termination = Some((
+        PathBuf::from("/var/lib/berth/c1/termination-log"),
+        PathBuf::from("/dev/termination-log"),
+    ));
+    let spec = f.spec();
+    let m = mount_at(&spec, "/dev/termination-log").unwrap();
+    assert_eq!(
+        m.source().as_deref(),
+        Some(Path::new("/var/lib/berth/c1/termination-log"))
+    );
+    assert!(options(m).contains(&"rw".to_string()));
+    f.config.mounts = vec![cri::Mount {
+        container_path: "/dev/termination-log".into(),
+        host_path: "/pods/x/termination".into(),
+        ..Default::default()
+    }];
+    let spec = f.spec();
+    let all: Vec<_> = spec
+        .mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.destination() == Path::new("/dev/termination-log"))
+        .collect();
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        all[0].source().as_deref(),
+        Some(Path::new("/pods/x/termination"))
+    );
 }
 
 #[test]
@@ -508,6 +589,49 @@ fn default_capabilities_add_drop_all() {
 }
 
 #[test]
+fn capabilities_are_limited_to_the_host_bounding_set() {
+    // A host without CAP_SYS_RESOURCE (bit 24) in its bounding set, as on this project's VM.
+    let host = capabilities_from_mask(0x1ff_feff_ffff);
+    assert!(!host.contains(&Capability::SysResource));
+    assert!(host.contains(&Capability::CheckpointRestore) && host.contains(&Capability::Chown));
+    assert_eq!(host.len(), ALL_CAPABILITIES.len() - 1);
+    let mut f = Fixture::new("hostcaps");
+    f.host_caps = Some(host.clone());
+    f.sc().capabilities = Some(cri::Capability {
+        add_capabilities: vec!["ALL".into()],
+        ..Default::default()
+    });
+    let b = caps(&f.spec()).bounding().clone().unwrap();
+    assert_eq!(b, host);
+    f.sc().capabilities = Some(cri::Capability {
+        add_capabilities: vec!["SYS_RESOURCE".into(), "NET_ADMIN".into()],
+        ..Default::default()
+    });
+    let b = caps(&f.spec()).bounding().clone().unwrap();
+    assert!(b.contains(&Capability::NetAdmin) && !b.contains(&Capability::SysResource));
+    f.sc().capabilities = None;
+    f.sc().privileged = true;
+    let p = caps(&f.spec());
+    assert_eq!(p.bounding().clone().unwrap(), host);
+    assert_eq!(p.effective().clone().unwrap(), host);
+    // The live host's set parses and holds at least the defaults.
+    let live = host_capabilities().unwrap();
+    assert!(DEFAULT_CAPABILITIES.iter().all(|c| live.contains(c)));
+}
+
+#[test]
+fn run_as_group_without_a_user_is_refused() {
+    let mut f = Fixture::new("grouponly");
+    f.sc().run_as_group = Some(cri::Int64Value { value: 1002 });
+    invalid(&f, "run_as_group");
+    f.sc().run_as_user = Some(cri::Int64Value { value: 1001 });
+    let (spec, user) = f.run().unwrap();
+    assert_eq!((user.uid, user.gid), (1001, 1002));
+    let u = process(&spec).user();
+    assert_eq!((u.uid(), u.gid()), (1001, 1002));
+}
+
+#[test]
 fn privileged_gets_everything() {
     let mut f = Fixture::new("privileged");
     f.sc().privileged = true;
@@ -543,7 +667,8 @@ fn readonly_rootfs_and_no_new_privs() {
     let mut f = Fixture::new("ro");
     let spec = f.spec();
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(false));
-    assert_eq!(process(&spec).no_new_privileges(), Some(false));
+    // Absent, not false: libcontainer then loads seccomp before dropping capabilities.
+    assert_eq!(process(&spec).no_new_privileges(), None);
     f.sc().readonly_rootfs = true;
     f.sc().no_new_privs = true;
     let spec = f.spec();

@@ -46,6 +46,12 @@ struct GroupEntry {
 
 /// Resolves the effective user of a container whose root filesystem is `rootfs`.
 pub fn resolve_user(rootfs: &Path, req: &UserRequest<'_>) -> Result<EffectiveUser, SpecError> {
+    if req.run_as_group.is_some() && req.run_as_user.is_none() && req.run_as_username.is_empty() {
+        return Err(SpecError::invalid(
+            "run_as_group",
+            "is set without run_as_user or run_as_username",
+        ));
+    }
     let passwd = read_passwd(rootfs)?;
     let (uid, mut gid, name) = if let Some(uid) = req.run_as_user {
         let uid = id_from_i64(uid, "run_as_user")?;
@@ -355,6 +361,21 @@ mod tests {
         assert_eq!(u.supplemental_groups, vec![3000, 10, 50]);
         q.run_as_user = Some(-1);
         assert!(resolve_user(&r, &q).unwrap_err().is_invalid_argument());
+    }
+
+    #[test]
+    fn run_as_group_needs_a_user() {
+        let r = rootfs("group-alone");
+        let mut q = req();
+        q.run_as_group = Some(1002);
+        let e = resolve_user(&r, &q).unwrap_err();
+        assert!(
+            e.is_invalid_argument() && e.to_string().contains("run_as_group"),
+            "{e}"
+        );
+        q.run_as_username = "app";
+        let u = resolve_user(&r, &q).unwrap();
+        assert_eq!((u.uid, u.gid), (1000, 1002));
     }
 
     #[test]
