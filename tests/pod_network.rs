@@ -534,3 +534,67 @@ async fn bandwidth_annotations_shape_the_pod_through_the_bandwidth_plugin() {
     );
     assert_clean(&net, &d);
 }
+
+#[tokio::test]
+async fn a_hung_plugin_holds_up_only_its_own_pod() {
+    let net = TestNet::new("hang");
+    let ip = format!("{}.5/24", net.prefix);
+    net.fake_plugin(
+        "sometimeshangs",
+        &format!(
+            r#"case "$CNI_COMMAND:$CNI_ARGS" in
+  ADD:*"K8S_POD_NAME=slow;"*) exec sleep 30;;
+  ADD:*) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"{ip}"}}]}}';;
+esac"#
+        ),
+    );
+    net.write(
+        "10-test.conflist",
+        &net.conflist("1.0.0", vec![json!({"type": "sometimeshangs"})]),
+    );
+    let d = start(&net);
+    let c = d.client().await;
+    let logs = d.dir.path().join("logs");
+    let slow_cfg = pod_config("slow", &logs, cri::NamespaceMode::Container);
+    let c2 = c.clone();
+    let slow = tokio::spawn(async move {
+        let t = std::time::Instant::now();
+        let r = c2
+            .runtime()
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(slow_cfg),
+                runtime_handler: String::new(),
+            })
+            .await;
+        (r, t.elapsed())
+    });
+    for _ in 0..250 {
+        if !net.calls("sometimeshangs").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // While that ADD hangs (3 s timeout), another pod runs, stops and goes.
+    let t = std::time::Instant::now();
+    let fast = run_pod(
+        &c,
+        &pod_config("fast", &logs, cri::NamespaceMode::Container),
+    )
+    .await;
+    assert_eq!(pod_ips(&c, &fast).await, [format!("{}.5", net.prefix)]);
+    remove_pod(&c, &fast).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "the fast pod waited {:?}",
+        t.elapsed()
+    );
+    let (r, took) = slow.await.expect("join");
+    let err = r.expect_err("the hung ADD fails");
+    assert!(
+        err.message()
+            .contains("CNI plugin \"sometimeshangs\" ADD: timed out after 3000 ms"),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_clean(&net, &d);
+}

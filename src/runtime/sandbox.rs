@@ -295,9 +295,20 @@ impl SandboxManager {
             created_cgroups: Vec::new(),
             pod_ips: Vec::new(),
         };
-        let _guard = self.lock.lock().await;
+        let guard = self.lock.lock().await;
         self.save(&rec)?;
-        match self.build(&mut rec, config, host_net).await {
+        let mut built = self.build(&mut rec, config, host_net).await;
+        drop(guard);
+        // CNI ADD runs outside the lock: a slow or hung plugin must not hold up other pods.
+        // The record stays `Creating` (hidden from lists, refused by stop/remove) meanwhile.
+        if built.is_ok() {
+            built = self.attach_network(&mut rec, config).await;
+        }
+        if built.is_err() {
+            self.release_network(&rec).await;
+        }
+        let _guard = self.lock.lock().await;
+        match built {
             Ok(()) => {
                 rec.state = SandboxState::Ready;
                 if let Err(e) = self.save(&rec) {
@@ -311,7 +322,6 @@ impl SandboxManager {
                 Ok(rec.id)
             }
             Err(e) => {
-                self.release_network(&rec).await;
                 self.teardown(&rec);
                 let _ = self.delete(&rec.id);
                 Err(e)
@@ -402,7 +412,15 @@ impl SandboxManager {
                 pins.sysctls[0].0
             )));
         }
-        // CNI last, on the pinned netns (loopback is already up); hostNetwork pods have none.
+        Ok(())
+    }
+
+    /// CNI ADD on the pinned netns (loopback is already up); hostNetwork pods have none.
+    async fn attach_network(
+        &self,
+        rec: &mut SandboxRecord,
+        config: &cri::PodSandboxConfig,
+    ) -> Result<(), SandboxError> {
         if let (Some(net), Some(netns)) = (&self.net, &rec.net_ns) {
             let attached = net
                 .setup(&rec.id, netns, config)
@@ -462,17 +480,35 @@ impl SandboxManager {
         cgroups::remove(&rec.created_cgroups);
     }
 
+    /// The record of `id` for stop/remove: None when unknown; an error while it is still being
+    /// created (its RunPodSandbox is running CNI ADD outside the lock).
+    fn settled(&self, id: &str) -> Result<Option<SandboxRecord>, SandboxError> {
+        match self.get(id) {
+            Ok(r) if r.state == SandboxState::Creating => Err(SandboxError::Internal(format!(
+                "pod sandbox {} is still being created",
+                r.id
+            ))),
+            Ok(r) => Ok(Some(r)),
+            Err(SandboxError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// StopPodSandbox: tears down the network; unknown or stopped sandboxes are fine.
     pub async fn stop(&self, id: &str) -> Result<(), SandboxError> {
-        let _guard = self.lock.lock().await;
-        let mut rec = match self.get(id) {
-            Ok(r) => r,
-            Err(SandboxError::NotFound(_)) => return Ok(()),
-            Err(e) => return Err(e),
+        // DEL first, outside the lock, while the netns exists (or from the cache if it is
+        // gone); a sandbox already detached has nothing recorded, so a second stop is a no-op.
+        let Some(rec) = ({
+            let _guard = self.lock.lock().await;
+            self.settled(id)?
+        }) else {
+            return Ok(());
         };
-        // DEL first, while the netns exists (or from the cache if it is gone); a sandbox
-        // already detached has nothing recorded, so a second stop is a no-op.
         self.detach_network(&rec).await?;
+        let _guard = self.lock.lock().await;
+        let Some(mut rec) = self.settled(&rec.id)? else {
+            return Ok(());
+        };
         if !rec.pod_ips.is_empty() {
             rec.pod_ips.clear();
             self.save(&rec)?;
@@ -492,13 +528,17 @@ impl SandboxManager {
 
     /// RemovePodSandbox: stops it if needed and removes everything; unknown is fine.
     pub async fn remove(&self, id: &str) -> Result<(), SandboxError> {
-        let _guard = self.lock.lock().await;
-        let rec = match self.get(id) {
-            Ok(r) => r,
-            Err(SandboxError::NotFound(_)) => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(rec) = ({
+            let _guard = self.lock.lock().await;
+            self.settled(id)?
+        }) else {
+            return Ok(());
         };
         self.detach_network(&rec).await?;
+        let _guard = self.lock.lock().await;
+        let Some(rec) = self.settled(&rec.id)? else {
+            return Ok(());
+        };
         self.teardown(&rec);
         self.delete(&rec.id)?;
         self.names.release(&rec.name, &rec.id);
