@@ -173,3 +173,48 @@ async fn create_container_checks_its_input_and_leaves_nothing() {
         .expect("remove");
     nothing_left(&d, layers);
 }
+
+#[tokio::test]
+async fn a_retried_create_gets_the_first_calls_container_and_a_different_one_conflicts() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let pod = run_pod(&c, &sandbox_config()).await;
+    // Two identical calls at once (a kubelet retry racing its first call) and one after.
+    let (a, b) = tokio::join!(
+        try_create(&c, &pod, container(&busybox)),
+        try_create(&c, &pod, container(&busybox))
+    );
+    let (a, b) = (a.expect("first"), b.expect("retry"));
+    assert_eq!(a, b, "a retry gets the first call's container");
+    let again = try_create(&c, &pod, container(&busybox))
+        .await
+        .expect("late retry");
+    assert_eq!(again, a);
+    // Only one container was made.
+    let listed = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 1);
+    // The same name with a different request is AlreadyExists, naming the holder.
+    let mut other = container(&busybox);
+    other.command = vec!["sh".into(), "-c".into(), "echo other".into()];
+    let e = create(&c, &pod, other.clone()).await;
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    assert!(e.message().contains(&a), "{e:?}");
+    // Once removed, the name is free.
+    c.runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: a.clone(),
+        })
+        .await
+        .expect("remove");
+    let fresh = try_create(&c, &pod, other).await.expect("name free again");
+    assert_ne!(fresh, a);
+    remove_pod(&c, &pod).await;
+}

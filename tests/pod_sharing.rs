@@ -6,8 +6,13 @@ mod common;
 use common::*;
 use k8s_cri::v1 as cri;
 
-/// Host pids of every process running `berth-pod-init`.
-fn pod_inits() -> Vec<u32> {
+/// Host pids of the `berth-pod-init` processes of pod `pod` (those in its pinned PID
+/// namespace; other tests' pods run at the same time).
+fn pod_inits(d: &Daemon, pod: &str) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(pinned) = std::fs::metadata(d.state().join("sandboxes").join(pod).join("pidns")) else {
+        return Vec::new();
+    };
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -15,7 +20,8 @@ fn pod_inits() -> Vec<u32> {
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            cmd.starts_with(b"berth-pod-init\0").then_some(pid)
+            let ns = std::fs::metadata(e.path().join("ns/pid")).ok()?;
+            (cmd.starts_with(b"berth-pod-init\0") && ns.ino() == pinned.ino()).then_some(pid)
         })
         .collect()
 }
@@ -27,15 +33,24 @@ async fn containers_of_a_pod_share_its_pid_namespace_and_its_init_reaps_orphans(
     let busybox = image("busybox");
     pull(&c, &busybox).await.expect("pull");
     let logs = d.dir.path().join("logs");
-    let pod_cfg = pod_config("sharing", &logs, cri::NamespaceMode::Pod);
-    let inits_before = pod_inits();
+    let mut pod_cfg = pod_config("sharing", &logs, cri::NamespaceMode::Pod);
+    // With a pod cgroup, as the kubelet always sends (on cgroup v1 the init must be able to
+    // join a fresh cpuset cgroup).
+    let parent = format!("/berth-it-sharing-{}", std::process::id());
+    if let Some(l) = pod_cfg.linux.as_mut() {
+        l.cgroup_parent = parent.clone();
+    }
     let pod = run_pod(&c, &pod_cfg).await;
-    let new_inits: Vec<u32> = pod_inits()
-        .into_iter()
-        .filter(|p| !inits_before.contains(p))
-        .collect();
-    assert_eq!(new_inits.len(), 1, "one pod init for the pod");
-    let init = new_inits[0];
+    let inits = pod_inits(&d, &pod);
+    assert_eq!(inits.len(), 1, "one pod init for the pod");
+    let init = inits[0];
+    let cgroups = std::fs::read_to_string(format!("/proc/{init}/cgroup")).expect("cgroup");
+    assert!(
+        cgroups
+            .lines()
+            .all(|l| l.ends_with(&parent) || !l.contains(":cpu")),
+        "the pod init is in the pod cgroup: {cgroups}"
+    );
 
     let pod_mode = cri::NamespaceMode::Pod;
     let a = run_container(
@@ -164,10 +179,10 @@ async fn container_pid_mode_gets_a_private_namespace_and_no_pod_init() {
     pull(&c, &busybox).await.expect("pull");
     let logs = d.dir.path().join("logs");
     let pod_cfg = pod_config("private", &logs, cri::NamespaceMode::Container);
-    let before = pod_inits();
     let pod = run_pod(&c, &pod_cfg).await;
+    let pidns = d.state().join("sandboxes").join(&pod).join("pidns");
     assert!(
-        pod_inits().iter().all(|p| before.contains(p)),
+        !pidns.exists() && pod_inits(&d, &pod).is_empty(),
         "no pod init"
     );
     let mode = cri::NamespaceMode::Container;

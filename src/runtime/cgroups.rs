@@ -89,7 +89,10 @@ pub fn ensure(layout: &Layout, cgroup_path: &str) -> std::io::Result<Vec<PathBuf
         }
         for d in missing.into_iter().rev() {
             match std::fs::create_dir(&d) {
-                Ok(()) => created.push(d),
+                Ok(()) => {
+                    inherit_cpuset(&d);
+                    created.push(d)
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     remove(&created);
@@ -102,6 +105,31 @@ pub fn ensure(layout: &Layout, cgroup_path: &str) -> std::io::Result<Vec<PathBuf
         }
     }
     Ok(created)
+}
+
+/// A new cgroup v1 cpuset directory starts with empty `cpuset.cpus` and `cpuset.mems`, and
+/// the kernel refuses any process into it (ENOSPC) until they are set: copy the parent's.
+fn inherit_cpuset(dir: &Path) {
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let own = dir.join(file);
+        let Ok(current) = std::fs::read_to_string(&own) else {
+            return; // not a v1 cpuset hierarchy
+        };
+        if !current.trim().is_empty() {
+            continue;
+        }
+        let Some(parent) = dir.parent() else { return };
+        match std::fs::read_to_string(parent.join(file)) {
+            Ok(value) => {
+                if let Err(e) = std::fs::write(&own, value.trim()) {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "setting {file}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "reading the parent's {file}")
+            }
+        }
+    }
 }
 
 /// Removes cgroup directories Berth created (deepest first); busy or absent ones are left.

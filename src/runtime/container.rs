@@ -239,19 +239,17 @@ impl ContainerManager {
             meta.name, sandbox_name, req.pod_sandbox_id, meta.attempt
         );
         let fingerprint = names::fingerprint(req);
-        let target_pid_ns = self.target_pid_namespace(config).await?;
-        let mut prepared = self.creator.create(req, target_pid_ns).await?;
-        let ticket = match self.names.reserve(&name, fingerprint, &prepared.id).await {
-            Reservation::Existing(id) => {
-                prepared.undo(&self.images);
-                return Ok(id);
-            }
-            Reservation::Conflict { id } => {
-                prepared.undo(&self.images);
-                return Err(ContainerError::NameInUse { name, id });
-            }
+        // The name first: a retry while the first call still prepares waits for its result
+        // instead of preparing a second bundle.
+        let new_id = crate::util::random_hex(32);
+        let ticket = match self.names.reserve(&name, fingerprint, &new_id).await {
+            Reservation::Existing(id) => return Ok(id),
+            Reservation::Conflict { id } => return Err(ContainerError::NameInUse { name, id }),
             Reservation::New(t) => t,
         };
+        // On any error below the ticket is dropped, which frees the name again.
+        let target_pid_ns = self.target_pid_namespace(config).await?;
+        let mut prepared = self.creator.create(&new_id, req, target_pid_ns).await?;
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
             Err(e) => {

@@ -72,9 +72,11 @@ impl ContainerCreator {
     }
 
     /// Checks the request and prepares the bundle; on error nothing is left behind.
-    /// `target_pid_ns` is the PID namespace of the container PID mode TARGET names.
+    /// `id` is the new container's (already reserved with its name); `target_pid_ns` is the
+    /// PID namespace of the container PID mode TARGET names.
     pub async fn create(
         &self,
+        id: &str,
         req: &cri::CreateContainerRequest,
         target_pid_ns: Option<PathBuf>,
     ) -> Result<Prepared, CreateError> {
@@ -129,7 +131,7 @@ impl ContainerCreator {
                     "CreateContainer {name}: image {image_ref} not found"
                 ))
             })?;
-        let id = crate::util::random_hex(32);
+        let id = id.to_string();
         let mut prepared = Prepared {
             id: id.clone(),
             image_id: image.record.id.clone(),
