@@ -350,3 +350,43 @@ async fn add_overhead_figures() {
     );
     assert!(net.allocations().is_empty());
 }
+
+/// The test guard itself: a pod left attached (a test failing before DEL) leaves no portmap
+/// rule, veth or bridge once its TestNet is dropped.
+#[tokio::test]
+async fn the_test_guard_removes_what_a_failed_test_left() {
+    let net = TestNet::new("guard");
+    net.write("10-test.conflist", &net.standard());
+    let m = manager(&net, Duration::from_secs(10));
+    let ns = net.add_netns("a");
+    let mut p = pod("guard");
+    p.port_mappings.push(cri::PortMapping {
+        protocol: cri::Protocol::Tcp as i32,
+        container_port: 80,
+        host_port: 31999,
+        host_ip: String::new(),
+    });
+    m.setup("guard1", &ns, &p)
+        .await
+        .expect("ADD")
+        .expect("network");
+    let (name, bridge) = (net.name.clone(), net.bridge.clone());
+    let nat = || {
+        let out = std::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .expect("iptables-save");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(&name) || l.contains("guard1"))
+            .count()
+    };
+    assert!(nat() > 0, "portmap added rules");
+    drop(net);
+    assert_eq!(nat(), 0, "rules left");
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link", "show", &bridge])
+        .output()
+        .expect("ip");
+    assert!(!links.status.success(), "the bridge is gone");
+}

@@ -207,8 +207,43 @@ impl TestNet {
     }
 }
 
+/// Removes portmap's NAT rules and chains for network `name` (left when a test failed before
+/// DEL): rules whose comment names the network, and the per-pod chains they jump to.
+fn remove_nat_rules(name: &str) {
+    let Ok(out) = Command::new("iptables-save").args(["-t", "nat"]).output() else {
+        return;
+    };
+    let needle = format!("name: \\\"{name}\\\"");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut chains = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("-A ") && l.contains(&needle))
+    {
+        if let Some(chain) = line.split(" -j ").nth(1).map(str::trim)
+            && chain.starts_with("CNI-DN-")
+        {
+            chains.push(chain.to_string());
+        }
+        // Re-issue the rule as a delete (the shell undoes iptables-save's quoting).
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("iptables -t nat -D {}", &line[3..]))
+            .status();
+    }
+    for chain in chains {
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-F", &chain])
+            .status();
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-X", &chain])
+            .status();
+    }
+}
+
 impl Drop for TestNet {
     fn drop(&mut self) {
+        remove_nat_rules(&self.name);
         for v in self.veths() {
             let _ = ip(&["link", "del", &v]);
         }
