@@ -138,6 +138,18 @@ TOML
   wait_sock "$d/containerd.sock"
 }
 
+# As the kubelet does before RunPodSandbox, make the pods' parent cgroup; on cgroup v1 its cpuset
+# must be filled in (a task cannot join an empty cpuset: ENOSPC), and clone_children makes the
+# per-pod children inherit it.
+make_cgroup_parent() {
+  local v1=/sys/fs/cgroup/cpuset
+  [ -f "$v1/cpuset.cpus" ] || return 0
+  mkdir -p "$v1/$1"
+  cat "$v1/cpuset.cpus" >"$v1/$1/cpuset.cpus"
+  cat "$v1/cpuset.mems" >"$v1/$1/cpuset.mems"
+  echo 1 >"$v1/$1/cgroup.clone_children"
+}
+
 # bench KIND SOCKET DAEMON_PID SHIM_COMM: runs the benchmark, measuring memory while all N pods
 # run; leaves KIND.json (berthctl's report) and KIND.mem ("daemon_rss shims shim_rss_total
 # shim_pss_total pause_rss_total", KiB) in $W.
@@ -145,6 +157,7 @@ bench() {
   local kind=$1 sock=$2 dpid=$3 comm=$4 n=0 total=0 pss=0 pause=0 p
   local args=(-r "$sock" bench lifecycle --image "$IMAGE" --parallel "$PARALLEL"
     --cgroup-parent "/$CG-$kind" --log-dir "$W/$kind/logs")
+  make_cgroup_parent "$CG-$kind"
   if [ "$WARMUP" -gt 0 ]; then
     "$BERTHCTL" "${args[@]}" --count "$WARMUP" >/dev/null 2>"$W/$kind.warmup.err" ||
       { cat "$W/$kind.warmup.err" >&2; return 1; }

@@ -114,8 +114,10 @@ impl Plan {
                     .map(|p| format!("{}/pod{i}", p.trim_end_matches('/')))
                     .unwrap_or_default(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
+                    // As the kubelet for a pod without shareProcessNamespace: no pod PID namespace.
                     namespace_options: Some(cri::NamespaceOption {
                         network: self.network,
+                        pid: cri::NamespaceMode::Container as i32,
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -142,7 +144,6 @@ impl Plan {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {
                         network: self.network,
-                        // Berth has no shared pod PID namespace yet: same for both runtimes.
                         pid: cri::NamespaceMode::Container as i32,
                         ..Default::default()
                     }),
