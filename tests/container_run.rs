@@ -207,3 +207,116 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() {
     );
     remove_pod(&c, &pod).await;
 }
+
+#[tokio::test]
+async fn unknown_ids_are_not_found_and_stop_remove_are_idempotent() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let rt = c.runtime();
+    let unknown = "0123456789abcdef-no-such-container";
+    let code = |r: Result<(), tonic::Status>| r.expect_err("must fail").code();
+    let not_found = tonic::Code::NotFound;
+    let e = container_status(&c, unknown).await.expect_err("status");
+    assert_eq!(e.code(), not_found);
+    assert!(e.message().contains(unknown), "{e:?}");
+    let start = rt
+        .clone()
+        .start_container(cri::StartContainerRequest {
+            container_id: unknown.into(),
+        })
+        .await;
+    assert_eq!(code(start.map(|_| ())), not_found);
+    assert_eq!(
+        code(exec(&c, unknown, &["true"], 5).await.map(|_| ())),
+        not_found
+    );
+    let update = rt
+        .clone()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: unknown.into(),
+            linux: Some(Default::default()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(update.map(|_| ())), not_found);
+    let reopen = rt
+        .clone()
+        .reopen_container_log(cri::ReopenContainerLogRequest {
+            container_id: unknown.into(),
+        })
+        .await;
+    assert_eq!(code(reopen.map(|_| ())), not_found);
+
+    // Stop and remove: unknown, exited, and already removed are all fine.
+    let stop = |id: String| {
+        let rt = rt.clone();
+        async move {
+            rt.clone()
+                .stop_container(cri::StopContainerRequest {
+                    container_id: id,
+                    timeout: 1,
+                })
+                .await
+                .map(|_| ())
+        }
+    };
+    let remove = |id: String| {
+        let rt = rt.clone();
+        async move {
+            rt.clone()
+                .remove_container(cri::RemoveContainerRequest { container_id: id })
+                .await
+                .map(|_| ())
+        }
+    };
+    stop(unknown.into()).await.expect("stop unknown");
+    remove(unknown.into()).await.expect("remove unknown");
+    let logs = d.dir.path().join("logs");
+    let mode = cri::NamespaceMode::Container;
+    let pod_cfg = pod_config("idem", &logs, mode);
+    let pod = run_pod(&c, &pod_cfg).await;
+    let done = run_container(
+        &c,
+        &pod,
+        &pod_cfg,
+        sh_container("done", &busybox, "true", mode),
+    )
+    .await;
+    wait_exited(&c, &done).await;
+    stop(done.clone()).await.expect("stop exited");
+    stop(done.clone()).await.expect("stop exited twice");
+    // Start of an exited container is a precondition failure, not a crash.
+    let again = rt
+        .clone()
+        .start_container(cri::StartContainerRequest {
+            container_id: done.clone(),
+        })
+        .await;
+    assert_eq!(code(again.map(|_| ())), tonic::Code::FailedPrecondition);
+    remove(done.clone()).await.expect("remove");
+    remove(done.clone()).await.expect("remove twice");
+    assert_eq!(
+        container_status(&c, &done).await.expect_err("gone").code(),
+        not_found
+    );
+    // Creating in a stopped pod is a precondition failure.
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .expect("stop pod");
+    let e = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(sh_container("late", &busybox, "true", mode)),
+            sandbox_config: Some(pod_cfg.clone()),
+        })
+        .await
+        .expect_err("stopped pod");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    remove_pod(&c, &pod).await;
+}
