@@ -31,6 +31,19 @@ impl ConsoleSocket {
         &self.path
     }
 
+    /// Waits at most `timeout` for the pty master to be sent, then takes it.
+    pub fn receive_master_wait(&self, timeout: std::time::Duration) -> Result<OwnedFd, ShimError> {
+        let mut pfd = libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.receive_master()
+    }
+
     /// Takes the pty master that libcontainer sent while creating the container.
     pub fn receive_master(&self) -> Result<OwnedFd, ShimError> {
         // The sender connected and wrote during create, which has returned: never block.
@@ -41,6 +54,13 @@ impl ConsoleSocket {
             .listener
             .accept()
             .ctx(|| "no pty master arrived on the console socket".to_string())?;
+        let mut pfd = libc::pollfd {
+            fd: conn.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, 2000) };
         let mut name = [0u8; 256];
         let mut iov = [IoSliceMut::new(&mut name)];
         let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);

@@ -10,6 +10,7 @@ mod exitfile;
 mod mem;
 mod proto;
 mod server;
+mod stream;
 mod timefmt;
 
 use std::fs;

@@ -38,6 +38,11 @@ pub fn write_frame(s: &UnixStream, body: &[u8]) -> io::Result<()> {
     let mut data = Vec::with_capacity(body.len() + 4);
     data.extend_from_slice(&len.to_be_bytes());
     data.extend_from_slice(body);
+    write_frame_tail(s, &data)
+}
+
+/// Writes raw bytes (the rest of a frame) without raising SIGPIPE.
+pub fn write_frame_tail(s: &UnixStream, data: &[u8]) -> io::Result<()> {
     let mut off = 0;
     while off < data.len() {
         match send(s.as_raw_fd(), &data[off..], MsgFlags::MSG_NOSIGNAL) {

@@ -18,6 +18,7 @@ use crate::crilog::{LineSplitter, LogFile};
 use crate::error::{IoContext, ShimError};
 use crate::exitfile::ExitInfo;
 use crate::proto::{self, pb};
+use crate::stream::{StreamSlot, Streams};
 use crate::timefmt;
 
 /// Output kept per stream by ExecSync when the request sets no cap, and the most it may ask
@@ -83,8 +84,11 @@ pub struct Shim {
     listener: UnixListener,
     log: LogFile,
     outs: [Option<OutPipe>; 2],
-    /// The write end of the container's stdin, held open for the container's lifetime.
-    _stdin: Option<OwnedFd>,
+    /// The write end of the container's stdin (the pty master with a tty), held open for the
+    /// container's lifetime (or until a stdin-once attacher leaves).
+    stdin: Option<OwnedFd>,
+    /// Streaming exec sessions and attachers.
+    streams: Streams,
     init: Init,
     incoming: Vec<Incoming>,
     reap_soon: Vec<Instant>,
@@ -102,6 +106,7 @@ enum Slot {
     Init,
     ExecPid,
     ExecOut(usize, usize),
+    Stream(StreamSlot),
 }
 
 /// Opens a pidfd for `pid` (reported readable when the process exits).
@@ -121,7 +126,7 @@ pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     use nix::fcntl::{F_GETFL, F_SETFL, OFlag, fcntl};
     let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), F_GETFL)?);
     fcntl(fd.as_raw_fd(), F_SETFL(flags | OFlag::O_NONBLOCK))?;
@@ -138,7 +143,7 @@ fn exit_code(status: WaitStatus) -> Option<i32> {
 }
 
 /// Non-blocking reap of one pid; `Some(code)` once it has exited.
-fn try_reap(pid: Pid) -> Option<i32> {
+pub(crate) fn try_reap(pid: Pid) -> Option<i32> {
     match waitpid(pid, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
         Ok(st) => exit_code(st),
         // Already reaped or not our child: treat as gone.
@@ -148,7 +153,7 @@ fn try_reap(pid: Pid) -> Option<i32> {
 }
 
 /// Blocking reap of one pid.
-fn reap_blocking(pid: Pid) -> i32 {
+pub(crate) fn reap_blocking(pid: Pid) -> i32 {
     loop {
         match waitpid(pid, Some(WaitPidFlag::__WALL)) {
             Ok(st) => {
@@ -232,7 +237,8 @@ impl Shim {
             listener,
             log,
             outs,
-            _stdin: stdin,
+            stdin,
+            streams: Streams::default(),
             init: Init::Created { pid, pidfd },
             incoming: Vec::new(),
             reap_soon: Vec::new(),
@@ -275,6 +281,8 @@ impl Shim {
                     }
                 }
             }
+            self.streams
+                .poll_fds(&mut |fd, slot| add(fd, Slot::Stream(slot)));
             let timeout = self.next_timeout();
             let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
             // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
@@ -289,6 +297,7 @@ impl Shim {
             }
             let mut exec_done = false;
             let mut incoming_ready = false;
+            let mut streams_ready = Vec::new();
             for (pfd, slot) in fds.iter().zip(&slots) {
                 if pfd.revents == 0 {
                     continue;
@@ -300,10 +309,24 @@ impl Shim {
                     Slot::Init => self.check_init(),
                     Slot::ExecOut(i, j) => self.pump_exec(i, j),
                     Slot::ExecPid => exec_done = true,
+                    Slot::Stream(s) => streams_ready.push(s),
                 }
                 if self.exit_requested {
                     break;
                 }
+            }
+            // Highest index first: handling one may swap-remove it.
+            streams_ready.sort_by_key(|s| std::cmp::Reverse(stream_slot_key(*s)));
+            let mut stream_done = false;
+            for s in streams_ready {
+                if self.streams.ready(s) {
+                    tracing::info!("stdin-once attacher left: closing the container's stdin");
+                    self.stdin = None;
+                }
+                stream_done = true;
+            }
+            if stream_done && self.streams.is_idle() {
+                crate::mem::trim();
             }
             if incoming_ready && !self.exit_requested {
                 self.read_incoming();
@@ -345,12 +368,15 @@ impl Shim {
         let Some(p) = &mut self.outs[i] else { return };
         let log = &mut self.log;
         let splitter = &mut p.splitter;
+        let streams = &mut self.streams;
         let open = drain(&p.fd, |data| {
+            streams.fan_out(i, data);
             if let Err(e) = splitter.feed(data, log) {
                 tracing::warn!("write log: {e}");
             }
         });
         if !open {
+            self.streams.output_closed(i);
             if let Err(e) = splitter.finish(log) {
                 tracing::warn!("write log: {e}");
             }
@@ -380,6 +406,7 @@ impl Shim {
             exited_at,
             oom_killed: self.ctr.oom_kills() > 0,
         };
+        self.streams.container_exited();
         if let Err(e) = info.write_atomic(&self.args.exit_file) {
             tracing::error!("exit file: {e}");
         }
@@ -493,7 +520,8 @@ impl Shim {
         {
             let pid = Pid::from_raw(pid);
             let known = matches!(&self.init, Init::Created { pid: p, .. } | Init::Running { pid: p, .. } if *p == pid)
-                || self.execs.iter().any(|e| e.pid == pid);
+                || self.execs.iter().any(|e| e.pid == pid)
+                || self.streams.owns_pid(pid);
             if !known {
                 let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL));
             }
@@ -598,6 +626,38 @@ impl Shim {
                     return;
                 }
             },
+            Ok(Some(R::ExecStream(x))) => {
+                let res = if matches!(self.init, Init::Running { .. }) {
+                    self.streams.exec(&self.ctr, &self.args.state_root, x, conn)
+                } else {
+                    let e = ShimError::Precondition(format!(
+                        "container {} is not running",
+                        self.ctr.id()
+                    ));
+                    Err((conn, e))
+                };
+                if let Err((conn, e)) = res {
+                    respond(&conn, Err(e));
+                }
+                return;
+            }
+            Ok(Some(R::Attach(a))) => {
+                let res = if matches!(self.init, Init::Running { .. }) {
+                    let open = [self.outs[0].is_some(), self.outs[1].is_some()];
+                    self.streams
+                        .attach(a, self.args.tty, self.stdin.as_ref(), open, conn)
+                } else {
+                    let e = ShimError::Precondition(format!(
+                        "container {} is not running",
+                        self.ctr.id()
+                    ));
+                    Err((conn, e))
+                };
+                if let Err((conn, e)) = res {
+                    respond(&conn, Err(e));
+                }
+                return;
+            }
             Ok(Some(R::ReopenLog(_))) => self
                 .log
                 .reopen()
@@ -759,6 +819,7 @@ impl Shim {
             self.init_exited(code);
         }
         self.ctr.delete()?;
+        self.streams.kill_all();
         for e in self.execs.drain(..) {
             let _ = kill(e.pid, Signal::SIGKILL);
             let code = reap_blocking(e.pid);
@@ -810,6 +871,14 @@ fn wait_for_exec(pid: Pid) {
         pause = (pause * 2).min(Duration::from_millis(2));
     }
     tracing::warn!(pid = pid.as_raw(), "container init did not exec within 2 s");
+}
+
+/// Orders stream slots so that removals by index stay valid.
+fn stream_slot_key(s: StreamSlot) -> (usize, usize) {
+    match s {
+        StreamSlot::ExecConn(i) | StreamSlot::ExecPid(i) => (0, i),
+        StreamSlot::AttachConn(i) => (1, i),
+    }
 }
 
 fn placeholder() -> ExitInfo {
