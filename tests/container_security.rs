@@ -680,12 +680,9 @@ async fn status_reports_reason_message_image_ref_and_verbose_info() {
     remove_pod(&env.c, &env.pod).await;
 }
 
-/// ExecSync'd processes should run as the container's user with its groups and seccomp
-/// filter. They do not yet: berth-shim execs through libcontainer 0.7's tenant builder, which
-/// builds the process from its own defaults (uid 0, no additional groups) and drops the spec's
-/// seccomp profile.
+/// ExecSync'd processes run as the container's user with its groups and seccomp filter
+/// (libcontainer 0.7's tenant builder alone would run them as root, unfiltered).
 #[tokio::test]
-#[ignore = "berth-shim: exec ignores the container's user and seccomp (libcontainer tenant builder)"]
 async fn exec_runs_as_the_container_user() {
     let env = Env::new("execuser").await;
     let id = env

@@ -3,7 +3,6 @@
 //! libcontainer is not thread-safe and changes the working directory: the shim is single-
 //! threaded, calls it from one place at a time, and passes absolute paths only.
 
-use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -16,6 +15,7 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
 
 use crate::error::{IoContext, ShimError};
+use crate::exec_process;
 
 /// Stdio handed to a container process.
 pub struct Stdio {
@@ -121,7 +121,8 @@ impl Ctr {
             .map_err(|e| self.wrap("kill", e))
     }
 
-    /// Starts `args` inside the container; returns its host pid (a child of the shim).
+    /// Starts `args` inside the container as the container's own process would run (user,
+    /// groups, capabilities, seccomp); returns its host pid (a child of the shim).
     pub fn exec(
         &self,
         args: Vec<String>,
@@ -129,16 +130,13 @@ impl Ctr {
         cwd: Option<PathBuf>,
         stdio: Stdio,
     ) -> Result<Pid, ShimError> {
-        let env: HashMap<String, String> = env
-            .iter()
-            .map(|kv| match kv.split_once('=') {
-                Some((k, v)) => (k.to_string(), v.to_string()),
-                None => (kv.clone(), String::new()),
-            })
-            .collect();
+        let spec = exec_process::load_spec(&self.bundle)?;
+        let process = exec_process::exec_process(&spec, args, env, cwd, false)?;
+        let file = exec_process::ProcessFile::write(&self.bundle, &process)?;
         let mut builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
             .with_root_path(&self.state_root)
             .map_err(|e| self.wrap("exec in", e))?
+            .with_executor(exec_process::SeccompExecutor::new(&spec))
             .with_stdout(stdio.stdout)
             .with_stderr(stdio.stderr);
         if let Some(stdin) = stdio.stdin {
@@ -146,27 +144,7 @@ impl Ctr {
         }
         builder
             .as_tenant()
-            .with_container_args(args)
-            .with_env(env)
-            .with_cwd(cwd)
-            .with_detach(true)
-            .build()
-            .map_err(|e| self.wrap("exec in", e))
-    }
-
-    /// Starts the process described by the OCI process file `process` (with a terminal) inside
-    /// the container; libcontainer sends the pty master to `console_socket`.
-    pub fn exec_with_console(
-        &self,
-        process: &Path,
-        console_socket: &Path,
-    ) -> Result<Pid, ShimError> {
-        ContainerBuilder::new(self.id.clone(), SyscallType::default())
-            .with_root_path(&self.state_root)
-            .map_err(|e| self.wrap("exec in", e))?
-            .with_console_socket(Some(console_socket))
-            .as_tenant()
-            .with_process(Some(process))
+            .with_process(Some(file.path()))
             .with_detach(true)
             .build()
             .map_err(|e| self.wrap("exec in", e))

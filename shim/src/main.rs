@@ -6,6 +6,7 @@ mod container;
 mod crilog;
 mod daemon;
 mod error;
+mod exec_process;
 mod exitfile;
 mod mem;
 mod proto;

@@ -1,0 +1,156 @@
+//! What a process exec'd into the container runs as: the container's own process spec (user,
+//! groups, capabilities, no_new_privs, rlimits) with the exec's args, and its seccomp filter.
+//!
+//! libcontainer 0.7 builds a tenant's process from scratch (root, no extra groups) and drops
+//! the container's seccomp profile, so `kubectl exec` and probes would escape the container's
+//! security context. The shim instead hands libcontainer a process file derived from the
+//! bundle's config.json, and an executor that loads the container's seccomp filter last.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use libcontainer::oci_spec::runtime::{LinuxSeccomp, Process, Spec};
+use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
+
+use crate::error::{IoContext, ShimError};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The bundle's OCI spec.
+pub fn load_spec(bundle: &Path) -> Result<Spec, ShimError> {
+    let path = bundle.join("config.json");
+    Spec::load(&path)
+        .map_err(|e| ShimError::Precondition(format!("reading {}: {e}", path.display())))
+}
+
+/// The container's process with `args`; `env` entries override the container's by name;
+/// `cwd` replaces its working directory when given.
+pub fn exec_process(
+    spec: &Spec,
+    args: Vec<String>,
+    env: &[String],
+    cwd: Option<PathBuf>,
+    terminal: bool,
+) -> Result<Process, ShimError> {
+    let mut process = spec
+        .process()
+        .clone()
+        .ok_or_else(|| ShimError::Precondition("the container's spec has no process".into()))?;
+    let mut merged: Vec<String> = process.env().clone().unwrap_or_default();
+    for kv in env {
+        let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
+        merged.retain(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) != key);
+        merged.push(kv.clone());
+    }
+    process
+        .set_args(Some(args))
+        .set_env(Some(merged))
+        .set_terminal(Some(terminal))
+        .set_console_size(None)
+        // The container's (possibly lower) score stays the container's: an exec'd process
+        // keeps the shim's, which root here could not lower anyway.
+        .set_oom_score_adj(None);
+    if let Some(cwd) = cwd {
+        process.set_cwd(cwd);
+    }
+    Ok(process)
+}
+
+/// A process file for libcontainer's tenant builder; removed on drop.
+pub struct ProcessFile(PathBuf);
+
+impl ProcessFile {
+    /// Writes `process` as JSON into `dir`.
+    pub fn write(dir: &Path, process: &Process) -> Result<Self, ShimError> {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!(".exec-process-{}-{n}.json", std::process::id()));
+        let json = serde_json::to_vec(process)
+            .map_err(|e| ShimError::Precondition(format!("encoding the exec process: {e}")))?;
+        fs::write(&path, json).ctx(|| format!("write {}", path.display()))?;
+        Ok(Self(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ProcessFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Runs the workload like libcontainer's default executor, after loading the container's
+/// seccomp filter (which libcontainer drops for tenants).
+#[derive(Clone)]
+pub struct SeccompExecutor {
+    seccomp: Option<LinuxSeccomp>,
+}
+
+impl SeccompExecutor {
+    /// For the container whose spec is `spec`.
+    pub fn new(spec: &Spec) -> Self {
+        Self {
+            seccomp: spec.linux().as_ref().and_then(|l| l.seccomp().clone()),
+        }
+    }
+}
+
+impl Executor for SeccompExecutor {
+    fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        if let Some(seccomp) = &self.seccomp {
+            // Capabilities are already dropped here: without CAP_SYS_ADMIN the kernel accepts
+            // a filter only under no_new_privs, so that is set first when needed (as it is for
+            // the container's own process when it asked for it).
+            if libcontainer::seccomp::initialize_seccomp(seccomp).is_err() {
+                nix::sys::prctl::set_no_new_privs()
+                    .map_err(|e| ExecutorError::Other(format!("no_new_privs for seccomp: {e}")))?;
+                libcontainer::seccomp::initialize_seccomp(seccomp)
+                    .map_err(|e| ExecutorError::Other(format!("loading seccomp: {e}")))?;
+            }
+        }
+        libcontainer::workload::default::get_executor().exec(spec)
+    }
+
+    fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
+        libcontainer::workload::default::get_executor().validate(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_process_keeps_the_user_and_overrides_env_by_name() {
+        let json = r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{
+            "user":{"uid":1000,"gid":3000,"additionalGids":[4000]},
+            "args":["sleep","1"],"env":["PATH=/bin","A=1"],"cwd":"/work",
+            "noNewPrivileges":true,"oomScoreAdj":-997}}"#;
+        let spec: Spec = serde_json::from_str(json).expect("spec");
+        let p = exec_process(
+            &spec,
+            vec!["id".into()],
+            &["A=2".into(), "B=3".into()],
+            None,
+            false,
+        )
+        .expect("process");
+        assert_eq!(p.user().uid(), 1000);
+        assert_eq!(p.user().gid(), 3000);
+        assert_eq!(p.user().additional_gids().as_deref(), Some(&[4000][..]));
+        assert_eq!(p.args().as_deref(), Some(&["id".to_string()][..]));
+        assert_eq!(
+            p.env().as_deref(),
+            Some(&["PATH=/bin".to_string(), "A=2".into(), "B=3".into()][..])
+        );
+        assert_eq!(p.cwd(), Path::new("/work"));
+        assert_eq!(p.no_new_privileges(), Some(true));
+        assert_eq!(p.oom_score_adj(), None);
+        let p =
+            exec_process(&spec, vec!["x".into()], &[], Some("/tmp".into()), true).expect("process");
+        assert_eq!((p.cwd(), p.terminal()), (Path::new("/tmp"), Some(true)));
+    }
+}
