@@ -150,6 +150,26 @@ impl Ctr {
             .map_err(|e| self.wrap("exec in", e))
     }
 
+    /// Starts the process described by the OCI process file `process` (with a terminal) inside
+    /// the container; libcontainer sends the pty master to `console_socket`.
+    pub fn exec_with_console(
+        &self,
+        process: &Path,
+        console_socket: &Path,
+    ) -> Result<Pid, ShimError> {
+        let spec = exec_process::load_spec(&self.bundle)?;
+        ContainerBuilder::new(self.id.clone(), SyscallType::default())
+            .with_root_path(&self.state_root)
+            .map_err(|e| self.wrap("exec in", e))?
+            .with_executor(exec_process::SeccompExecutor::new(&spec))
+            .with_console_socket(Some(console_socket))
+            .as_tenant()
+            .with_process(Some(process))
+            .with_detach(true)
+            .build()
+            .map_err(|e| self.wrap("exec in", e))
+    }
+
     /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`).
     pub fn oom_kills(&self) -> u64 {
         let Some(cg) = &self.cgroup_path else {
