@@ -24,6 +24,14 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
     };
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
     let init = pin(exe, &req).await.expect("pin").expect("a pod init");
+    // Killed even if an assertion below fails.
+    struct KillOnDrop(berth::runtime::pin::PodInit);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            self.0.kill();
+        }
+    }
+    let _guard = KillOnDrop(init);
     assert!(init.is_running());
     let net = req.net.clone().expect("net");
     let ipc = req.ipc.clone().expect("ipc");
@@ -38,9 +46,7 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
     let p = format!("--pid={}", pid.display());
     // A process entering it gets a small pid of that namespace (pid 1 is the init; were the
     // init gone, the fork would fail).
-    let inner: u32 = nsenter(&[&p, "sh", "-c", "echo $$"])
-        .parse()
-        .expect("pid");
+    let inner: u32 = nsenter(&[&p, "sh", "-c", "echo $$"]).parse().expect("pid");
     assert!(
         (2..1000).contains(&inner),
         "pid {inner} inside the pod namespace"
