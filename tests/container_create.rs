@@ -127,6 +127,25 @@ async fn create_container_checks_its_input_and_leaves_nothing() {
     assert!(e.message().contains("container_path"), "{}", e.message());
     nothing_left(&d, layers);
 
+    // Impossible resources: a negative memory limit, swap below the memory limit.
+    for (memory, swap, field) in [
+        (-1, 0, "memory_limit_in_bytes"),
+        (64 << 20, 32 << 20, "memory_swap_limit_in_bytes"),
+    ] {
+        let mut r = container(&busybox);
+        if let Some(l) = r.linux.as_mut() {
+            l.resources = Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: memory,
+                memory_swap_limit_in_bytes: swap,
+                ..Default::default()
+            });
+        }
+        let e = create(&c, &sandbox, r).await;
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(field), "{}", e.message());
+        nothing_left(&d, layers);
+    }
+
     let mut seccomp = container(&busybox);
     if let Some(sc) = seccomp
         .linux
