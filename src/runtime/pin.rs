@@ -145,7 +145,10 @@ impl PodInit {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        tracing::warn!(pid = self.pid, "the pod init did not die within 1 s of SIGKILL");
+        tracing::warn!(
+            pid = self.pid,
+            "the pod init did not die within 1 s of SIGKILL"
+        );
     }
 }
 
