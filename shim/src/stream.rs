@@ -423,10 +423,7 @@ fn with_pidfd(pid: Pid) -> Result<OwnedFd, ShimError> {
 }
 
 /// A non-tty exec with a pipe per requested stream.
-fn start_pipes(
-    ctr: &Ctr,
-    x: &pb::ExecStreamRequest,
-) -> Result<Started, ShimError> {
+fn start_pipes(ctr: &Ctr, x: &pb::ExecStreamRequest) -> Result<Started, ShimError> {
     let null = |write: bool| -> Result<OwnedFd, ShimError> {
         let f = fs::OpenOptions::new()
             .read(!write)
