@@ -461,3 +461,35 @@ async fn sandboxes_survive_kill_9_and_half_created_ones_are_rolled_back() {
         .await
         .expect("remove");
 }
+
+#[tokio::test]
+async fn a_cgroup_ancestor_shared_by_pods_goes_with_the_last_of_them() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let top = format!("/berth-it-shared-{}", std::process::id());
+    let first = run(&c, pod_config("first", &format!("{top}/a"), false))
+        .await
+        .expect("first");
+    let second = run(&c, pod_config("second", &format!("{top}/b"), false))
+        .await
+        .expect("second");
+    let dirs = |rel: &str| -> Vec<PathBuf> {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|h| h.path().join(rel.trim_start_matches('/')))
+            .filter(|p| p.exists())
+            .collect()
+    };
+    assert!(!dirs(&top).is_empty(), "the shared ancestor exists");
+    remove_pod(&c, &first).await;
+    assert!(dirs(&format!("{top}/a")).is_empty());
+    assert!(!dirs(&top).is_empty(), "still used by the second pod");
+    remove_pod(&c, &second).await;
+    assert!(
+        dirs(&top).is_empty(),
+        "removed with the last pod: {:?}",
+        dirs(&top)
+    );
+}

@@ -140,6 +140,10 @@ pub fn remove(created: &[PathBuf]) {
         match std::fs::remove_dir(d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Still used by another pod below it: that pod's removal takes it.
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                tracing::debug!(cgroup = %d.display(), "cgroup still in use: left")
+            }
             Err(e) => tracing::warn!(cgroup = %d.display(), error = %e, "removing cgroup"),
         }
     }

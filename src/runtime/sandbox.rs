@@ -540,9 +540,37 @@ impl SandboxManager {
             return Ok(());
         };
         self.teardown(&rec);
+        self.hand_over_cgroups(&rec)?;
         self.delete(&rec.id)?;
         self.names.release(&rec.name, &rec.id);
         tracing::info!(sandbox = %rec.id, "pod sandbox removed");
+        Ok(())
+    }
+
+    /// cgroup directories this pod created that are still in use (ancestors shared with other
+    /// pods, e.g. `/kubepods/burstable`) pass to a pod below them, which removes them in turn;
+    /// otherwise they would outlive the last pod.
+    fn hand_over_cgroups(&self, rec: &SandboxRecord) -> Result<(), SandboxError> {
+        let left: Vec<&PathBuf> = rec.created_cgroups.iter().filter(|d| d.exists()).collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        for mut other in self.records()? {
+            if other.id == rec.id || other.cgroup_parent.is_empty() {
+                continue;
+            }
+            let below = self.layout.dirs(&other.cgroup_parent);
+            let adopted: Vec<PathBuf> = left
+                .iter()
+                .filter(|d| below.iter().any(|b| b.starts_with(d)))
+                .filter(|d| !other.created_cgroups.contains(d))
+                .map(|d| (*d).clone())
+                .collect();
+            if !adopted.is_empty() {
+                other.created_cgroups.extend(adopted);
+                self.save(&other)?;
+            }
+        }
         Ok(())
     }
 
