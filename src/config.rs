@@ -23,6 +23,36 @@ pub struct Config {
     pub registry: RegistryConfig,
     /// Pod networking (CNI).
     pub cni: CniConfig,
+    /// The streaming server (exec, attach, port-forward).
+    pub stream: StreamConfig,
+}
+
+/// The streaming server's address, timeouts and optional TLS.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamConfig {
+    /// `HOST:PORT` to listen on; port 0 picks a free port.
+    pub address: String,
+    /// Seconds a streaming connection may stay without traffic before it is closed.
+    pub idle_timeout_secs: u64,
+    /// Seconds an unused streaming URL stays valid.
+    pub token_expiry_secs: u64,
+    /// TLS certificate chain (PEM); TLS is on when both this and `tls_key` are set.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            address: "127.0.0.1:0".to_string(),
+            idle_timeout_secs: 4 * 3600,
+            token_expiry_secs: 60,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
 }
 
 /// Where CNI network configs and plugins are, and how long a plugin may run.
@@ -75,6 +105,7 @@ impl Default for Config {
             log_level: "info".to_string(),
             registry: RegistryConfig::default(),
             cni: CniConfig::default(),
+            stream: StreamConfig::default(),
         }
     }
 }
@@ -140,6 +171,17 @@ impl Config {
 
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.stream.address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::Invalid(format!(
+                "stream.address {:?} is not HOST:PORT (an IP address and a port)",
+                self.stream.address
+            )));
+        }
+        if self.stream.tls_cert.is_some() != self.stream.tls_key.is_some() {
+            return Err(ConfigError::Invalid(
+                "stream.tls_cert and stream.tls_key go together".into(),
+            ));
+        }
         if self.registry.max_concurrent_downloads == 0 {
             return Err(ConfigError::Invalid(
                 "registry.max_concurrent_downloads must be at least 1".into(),

@@ -77,10 +77,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
     };
+    let stream =
+        crate::stream::StreamServer::start(&config.stream, containers.clone(), sandboxes.clone())
+            .await?;
     cri::serve(
         lock,
         &config.socket,
-        RuntimeApi::new(images.clone(), sandboxes.clone(), containers),
+        RuntimeApi::new(images.clone(), sandboxes.clone(), containers).with_stream_server(stream),
         ImageApi::new(images),
         shutdown,
     )

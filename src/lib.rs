@@ -10,4 +10,5 @@ pub mod metrics;
 pub mod net;
 pub mod runtime;
 pub mod store;
+pub mod stream;
 pub mod util;

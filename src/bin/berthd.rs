@@ -45,6 +45,9 @@ struct Cli {
     /// Seconds one CNI plugin call may take.
     #[arg(long, value_name = "SECS")]
     cni_plugin_timeout: Option<f64>,
+    /// Streaming server (exec, attach, port-forward) address; port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    stream_address: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -129,6 +132,9 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = cli.cni_plugin_timeout {
         cfg.cni.plugin_timeout_secs = v;
+    }
+    if let Some(v) = &cli.stream_address {
+        cfg.stream.address = v.clone();
     }
     cfg.validate()?;
     Ok(cfg)

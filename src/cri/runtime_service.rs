@@ -22,6 +22,7 @@ pub struct RuntimeApi {
     sandboxes: Arc<SandboxManager>,
     containers: Arc<ContainerManager>,
     stats: Arc<StatsCollector>,
+    stream: Option<Arc<crate::stream::StreamServer>>,
 }
 
 impl RuntimeApi {
@@ -36,7 +37,41 @@ impl RuntimeApi {
             sandboxes,
             containers,
             stats: Arc::new(StatsCollector::new()),
+            stream: None,
         }
+    }
+
+    /// Serves Exec, Attach and PortForward URLs from `server`.
+    pub fn with_stream_server(mut self, server: Arc<crate::stream::StreamServer>) -> Self {
+        self.stream = Some(server);
+        self
+    }
+
+    fn stream_server(&self) -> Result<&Arc<crate::stream::StreamServer>, Status> {
+        self.stream
+            .as_ref()
+            .ok_or_else(|| Status::unavailable("the streaming server is not running"))
+    }
+
+    /// Checks the streams asked for by Exec and Attach, as the kubelet does.
+    fn check_streams(
+        call: &str,
+        tty: bool,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    ) -> Result<(), Status> {
+        if !(stdin || stdout || stderr) {
+            return Err(Status::invalid_argument(format!(
+                "{call}: one of stdin, stdout or stderr must be set"
+            )));
+        }
+        if tty && stderr {
+            return Err(Status::invalid_argument(format!(
+                "{call}: tty and stderr cannot both be set (a tty merges stderr into stdout)"
+            )));
+        }
+        Ok(())
     }
 
     /// Stats of the containers passing `filter`, read off the async threads (cgroupfs and
@@ -338,6 +373,64 @@ async fn exec_sync(
     }))
 }
 
+async fn exec(
+    &self,
+    request: Request<cri::ExecRequest>,
+) -> Result<Response<cri::ExecResponse>, Status> {
+    let req = request.into_inner();
+    let server = self.stream_server()?;
+    if req.cmd.is_empty() {
+        return Err(Status::invalid_argument("Exec: cmd is empty"));
+    }
+    Self::check_streams("Exec", req.tty, req.stdin, req.stdout, req.stderr)?;
+    let rec = self.containers.running(&req.container_id, "Exec").await?;
+    let url = server.url_for(crate::stream::Pending::Exec(cri::ExecRequest {
+        container_id: rec.id,
+        ..req
+    }));
+    Ok(Response::new(cri::ExecResponse { url }))
+}
+
+async fn attach(
+    &self,
+    request: Request<cri::AttachRequest>,
+) -> Result<Response<cri::AttachResponse>, Status> {
+    let req = request.into_inner();
+    let server = self.stream_server()?;
+    Self::check_streams("Attach", req.tty, req.stdin, req.stdout, req.stderr)?;
+    let rec = self.containers.running(&req.container_id, "Attach").await?;
+    let url = server.url_for(crate::stream::Pending::Attach(cri::AttachRequest {
+        container_id: rec.id,
+        ..req
+    }));
+    Ok(Response::new(cri::AttachResponse { url }))
+}
+
+async fn port_forward(
+    &self,
+    request: Request<cri::PortForwardRequest>,
+) -> Result<Response<cri::PortForwardResponse>, Status> {
+    let req = request.into_inner();
+    let server = self.stream_server()?;
+    if let Some(p) = req.port.iter().find(|p| !(1..=65535).contains(*p)) {
+        return Err(Status::invalid_argument(format!(
+            "PortForward: invalid port {p}"
+        )));
+    }
+    let rec = self.sandboxes.get(&req.pod_sandbox_id)?;
+    if rec.state != SandboxState::Ready {
+        return Err(Status::failed_precondition(format!(
+            "PortForward: pod sandbox {} is not ready",
+            rec.id
+        )));
+    }
+    let url = server.url_for(crate::stream::Pending::PortForward(cri::PortForwardRequest {
+        pod_sandbox_id: rec.id,
+        port: req.port,
+    }));
+    Ok(Response::new(cri::PortForwardResponse { url }))
+}
+
 async fn reopen_container_log(
     &self,
     request: Request<cri::ReopenContainerLogRequest>,
@@ -408,10 +501,7 @@ async fn get_container_events(
 
 }
     no_such_container {
-        exec(ExecRequest) -> ExecResponse;
-        attach(AttachRequest) -> AttachResponse;
     }
-    port_forward(PortForwardRequest) -> PortForwardResponse, "PortForward";
     checkpoint_container(CheckpointContainerRequest) -> CheckpointContainerResponse, "CheckpointContainer";
     list_metric_descriptors(ListMetricDescriptorsRequest) -> ListMetricDescriptorsResponse, "ListMetricDescriptors";
     list_pod_sandbox_metrics(ListPodSandboxMetricsRequest) -> ListPodSandboxMetricsResponse, "ListPodSandboxMetrics";

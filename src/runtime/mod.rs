@@ -3,6 +3,7 @@
 pub mod cgroups;
 pub mod container;
 pub mod container_create;
+pub mod container_stream;
 pub mod container_update;
 pub mod names;
 pub mod pin;
