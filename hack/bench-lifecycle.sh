@@ -3,16 +3,42 @@
 # 1.6 with runc, CRI plugin), both driven over CRI by `berthctl bench lifecycle`: N pods one after
 # the other (RunPodSandbox + CreateContainer + StartContainer of a busybox container that sleeps),
 # all N held running while the daemons' and shims' memory is measured, then StopContainer,
-# RemoveContainer, StopPodSandbox, RemovePodSandbox. Pods use the host network (containerd 1.6
-# needs CNI otherwise). Prints p50/p99 per step, RSS figures and the ratios Berth/containerd.
-# Usage: hack/bench-lifecycle.sh [N] (default 50). Needs root and release binaries (make build).
+# RemoveContainer, StopPodSandbox, RemovePodSandbox. Prints p50/p99 per step, RSS figures and the
+# ratios Berth/containerd.
+# Two variants, one per run:
+#   host network (the default): pods share the host's network namespace, no CNI.
+#   --pod-network: every pod gets its own network namespace from CNI. Both runtimes use the same
+#     conflist (bridge + host-local + portmap, CNI 1.0.0) and Debian's plugins in /usr/lib/cni,
+#     each with its own conf dir, network name, bridge, /24 subnet and host-local dataDir, all
+#     unique to the run (not berth0/10.88). berthd gets --cni-conf-dir/--cni-bin-dir, containerd
+#     the CRI plugin's cni bin_dir/conf_dir (max_conf_num 1; its netns under its state dir). The
+#     bridge has no gateway address and no masquerading, so the host's ip_forward and NAT table
+#     are left alone (GATEWAY=1 sets isGateway + ipMasq as the default config does; that makes
+#     the bridge plugin turn ip_forward on, which is restored at exit). Also prints berthd's own
+#     timing of each CNI ADD from its log (total_us, plugins_us, berth_overhead_us; p50/p99 over
+#     the N timed pods) and the targets: RunPodSandbox p50 no slower than containerd's, Berth's
+#     overhead around the plugins under 5 ms.
+# Usage: hack/bench-lifecycle.sh [N] [--pod-network] (default 50 pods, host network). Needs root
+# and release binaries (make build).
 # Environment: PARALLEL=K brings pods up K at a time (default 1); WARMUP=W pods are run and
-# dropped first on each runtime (default 3); BERTH_LOG_LEVEL (default warn) for berthd's log,
-# which is kept when KEEP=1 (with the whole work directory).
+# dropped first on each runtime (default 3); BERTH_LOG_LEVEL (default warn; berth::net is raised
+# to info with --pod-network) for berthd's log, which is kept when KEEP=1 (with the whole work
+# directory). Everything the run made is removed at exit: daemons, shims, containers, mounts,
+# network namespaces, veths, bridges, host-local data, cgroups, NAT rules of GATEWAY=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/.." && pwd)
-N=${1:-50}
+N=50
+NET=host
+for a in "$@"; do
+  case $a in
+    --pod-network) NET=pod ;;
+    --host-network) NET=host ;;
+    ''|*[!0-9]*) echo "usage: $0 [N] [--pod-network]" >&2; exit 2 ;;
+    *) N=$a ;;
+  esac
+done
+[ "$N" -ge 1 ] || { echo "N must be at least 1" >&2; exit 2; }
 PARALLEL=${PARALLEL:-1}
 WARMUP=${WARMUP:-3}
 BERTHD=$top/target/release/berthd
@@ -33,6 +59,94 @@ W=$(mktemp -d /tmp/berth-bench-lifecycle.XXXXXX)
 CG=berth-bench-$$              # cgroup parents: /$CG-berth/podI and /$CG-containerd/podI
 daemons=()
 bench_pid=
+
+# --pod-network: per runtime a network name, bridge and /24, unique to this run.
+CNI_BIN=/usr/lib/cni
+GATEWAY=${GATEWAY:-0}
+ipt_cni() { iptables-save 2>/dev/null | grep -c CNI || true; }
+if [ "$NET" = pod ]; then
+  for p in bridge host-local portmap loopback; do
+    [ -x "$CNI_BIN/$p" ] || { echo "missing $CNI_BIN/$p (containernetworking-plugins)" >&2; exit 1; }
+  done
+  [ "$N" -le 250 ] || { echo "--pod-network: at most 250 pods (one /24 per runtime)" >&2; exit 2; }
+  # Two adjacent /24s in 10.200.0.0-10.249.255.0 picked from the PID, skipping any the host
+  # routes or has an address in.
+  in_use() { ip -4 -o route show table all | grep -qE "(^| )10\.$1\.$2\." ||
+    ip -4 -o addr | grep -qF " 10.$1.$2."; }
+  k=$$
+  for _ in $(seq 200); do
+    o2=$(( 200 + (k / 128) % 50 )); o3=$(( (k % 128) * 2 ))
+    in_use "$o2" "$o3" || in_use "$o2" "$((o3 + 1))" || break
+    k=$((k + 1))
+  done
+  # shellcheck disable=SC2034 # used as ${!name} in write_conflist and net_cleanup
+  NET_berth=bench-$$-berth          NET_containerd=bench-$$-containerd
+  BR_berth=bnchb$$;                 BR_containerd=bnchc$$
+  SUBNET_berth=10.$o2.$o3.0/24;     SUBNET_containerd=10.$o2.$((o3 + 1)).0/24
+  ipt_before=$(ipt_cni)
+  ip_forward_before=$(cat /proc/sys/net/ipv4/ip_forward)
+  cni_cache_existed=$( [ -d /var/lib/cni ] && echo 1 || echo 0)
+fi
+
+# write_conflist KIND: the run's conflist for one runtime in $W/KIND/net.d, its host-local data in
+# $W/KIND/ipam. Only the names, bridge, subnet and dataDir differ between the two runtimes.
+write_conflist() {
+  local kind=$1 name br subnet gw=false
+  [ "$GATEWAY" = 1 ] && gw=true
+  name=NET_$kind; br=BR_$kind; subnet=SUBNET_$kind
+  mkdir -p "$W/$kind/net.d"
+  cat >"$W/$kind/net.d/10-bench.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "${!name}",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "${!br}",
+      "isGateway": $gw,
+      "ipMasq": $gw,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "${!subnet}" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "dataDir": "$W/$kind/ipam"
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+JSON
+}
+
+# Network leftovers of this run, once its daemons and namespaces are gone: veths still on its
+# bridges, the bridges, ipMasq's NAT chains (GATEWAY=1) for its subnets, containerd's cached CNI
+# results; ip_forward as it was.
+net_cleanup() {
+  local kind br subnet net pfx num chain
+  for kind in berth containerd; do
+    br=BR_$kind; br=${!br}; subnet=SUBNET_$kind; subnet=${!subnet}; net=NET_$kind; net=${!net}
+    pfx=${subnet%.0/24}.
+    ip -o link show master "$br" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+      xargs -r -n1 ip link del 2>/dev/null
+    ip link del "$br" 2>/dev/null
+    iptables -t nat -L POSTROUTING -n --line-numbers 2>/dev/null |
+      awk -v p="$pfx" 'index($5, p) == 1 && $2 ~ /^CNI-/ {print $1, $2}' | sort -rn |
+      while read -r num chain; do
+        iptables -t nat -D POSTROUTING "$num"
+        iptables -t nat -F "$chain"; iptables -t nat -X "$chain"
+      done
+    rm -f /var/lib/cni/results/"$net"-*
+  done
+  # containerd's libcni caches results in /var/lib/cni (no setting for it in 1.6): removed if
+  # this run made it and it is empty.
+  [ "$cni_cache_existed" = 1 ] || rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null
+  [ "$(cat /proc/sys/net/ipv4/ip_forward)" = "$ip_forward_before" ] ||
+    echo "$ip_forward_before" >/proc/sys/net/ipv4/ip_forward
+  echo "clean-up: iptables-save lines with CNI: $ipt_before before, $(ipt_cni) after;" \
+    "links of this run left: $(ip -o link show | grep -cE "bnch[bc]$$([:@ ]|$)" || true);" \
+    "ip_forward $ip_forward_before -> $(cat /proc/sys/net/ipv4/ip_forward)"
+}
 
 # Processes (daemons' shims) whose command line names this run's work directory.
 our_procs() { # comm prefix
@@ -62,6 +176,7 @@ cleanup() {
   grep -F " $W" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
   find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
     while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
+  [ -n "${ip_forward_before:-}" ] && net_cleanup
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
 }
 trap cleanup EXIT
@@ -92,11 +207,16 @@ PY
 }
 
 start_berthd() {
-  local d=$W/berth
+  local d=$W/berth net=() level=${BERTH_LOG_LEVEL:-warn}
   mkdir -p "$d"
+  if [ "$NET" = pod ]; then
+    write_conflist berth
+    net=(--cni-conf-dir "$d/net.d" --cni-bin-dir "$CNI_BIN")
+    level+=,berth::net=info # for the per-ADD timing
+  fi
   "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
-    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" \
-    --log-level "${BERTH_LOG_LEVEL:-warn}" >"$d/log" 2>&1 &
+    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" "${net[@]}" \
+    --log-level "$level" >"$d/log" 2>&1 &
   daemons+=("$!"); berthd_pid=$!
   wait_sock "$d/berth.sock"
 }
@@ -106,6 +226,7 @@ start_containerd() {
   # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
   (( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
   mkdir -p "$d/certs.d/$REG"
+  [ "$NET" = pod ] && write_conflist containerd
   cat >"$d/certs.d/$REG/hosts.toml" <<TOML
 server = "http://$REG"
 [host."http://$REG"]
@@ -124,6 +245,12 @@ state = "$d/state"
   # Without CAP_SYS_RESOURCE (as in some VMs and containers) runc cannot set the sandbox's
   # oom_score_adj of -998; this caps it at containerd's own.
   restrict_oom_score_adj = $restrict_oom
+  # Pod network namespaces under $d/state rather than /run/netns.
+  netns_mounts_under_state_dir = true
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "$CNI_BIN"
+  conf_dir = "$d/net.d"
+  max_conf_num = 1
 [plugins."io.containerd.grpc.v1.cri".registry]
   config_path = "$d/certs.d"
 [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -157,6 +284,7 @@ bench() {
   local kind=$1 sock=$2 dpid=$3 comm=$4 n=0 total=0 pss=0 pause=0 p
   local args=(-r "$sock" bench lifecycle --image "$IMAGE" --parallel "$PARALLEL"
     --cgroup-parent "/$CG-$kind" --log-dir "$W/$kind/logs")
+  [ "$NET" = pod ] && args+=(--pod-network)
   make_cgroup_parent "$CG-$kind"
   if [ "$WARMUP" -gt 0 ]; then
     "$BERTHCTL" "${args[@]}" --count "$WARMUP" >/dev/null 2>"$W/$kind.warmup.err" ||
@@ -183,7 +311,13 @@ bench() {
   bench_pid=
 }
 
-echo "pods: $N ($( [ "$PARALLEL" = 1 ] && echo sequential || echo "$PARALLEL at a time"), host network, after $WARMUP warm-up pods)   image: $IMAGE"
+if [ "$NET" = pod ]; then
+  netdesc="pod network: bridge+host-local+portmap from $CNI_BIN, berth $BR_berth $SUBNET_berth, containerd $BR_containerd $SUBNET_containerd"
+  [ "$GATEWAY" != 1 ] || netdesc+=", isGateway+ipMasq"
+else
+  netdesc="host network"
+fi
+echo "pods: $N ($( [ "$PARALLEL" = 1 ] && echo sequential || echo "$PARALLEL at a time"), $netdesc, after $WARMUP warm-up pods)   image: $IMAGE"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 push_pause
 start_berthd
@@ -229,10 +363,39 @@ printf '%-34s %10s %12s\n' "pause processes RSS, total" "0" "$(mib "$cpause")"
 bsum=$((bd + bt)); csum=$((cdm + ct + cpause))
 printf '%-34s %10s %12s %6s\n' "daemon + shims + pause RSS" "$(mib "$bsum")" "$(mib "$csum")" "$(ratio "$bsum" "$csum")"
 
+# log_pcts FIELD: "p50 p99 n" in ms (nearest rank, as berthctl) of FIELD (microseconds) in
+# berthd's "pod network attached" lines, over the last N (the timed pods; the warm-up came first).
+log_pcts() {
+  grep -F 'pod network attached' "$W/berth/log" | grep -oE "(^|[^a-z_])$1=[0-9]+" | sed 's/.*=//' |
+    tail -n "$N" | sort -n |
+    awk 'function at(p,  r) { r = int(p / 100 * NR); if (r < p / 100 * NR) r++; if (r < 1) r = 1; return a[r] / 1000 }
+      { a[NR] = $1 } END { if (NR) printf "%.2f %.2f %d\n", at(50), at(99), NR; else print "- - 0" }'
+}
+if [ "$NET" = pod ]; then
+  echo
+  read -r o50 o99 on < <(log_pcts berth_overhead_us)
+  echo "berthd's CNI ADD per pod, from its log ($on of the $N timed pods; ms):"
+  printf '%-34s %10s %10s\n' "" p50 p99
+  for f in total_us plugins_us berth_overhead_us; do
+    read -r p50 p99 _ < <(log_pcts "$f")
+    printf '%-34s %10s %10s\n' "$f" "$p50" "$p99"
+  done
+fi
+
 echo
-b=$(jq '.steps["sandbox+create+start"].p50Ms' "$B"); c=$(jq '.steps["sandbox+create+start"].p50Ms' "$C")
 verdict() { if [ "$(echo "$1" | bc -l)" = 1 ]; then echo met; else echo MISSED; fi; }
 echo "targets:"
+if [ "$NET" = pod ]; then
+  b=$(jq '.steps.RunPodSandbox.p50Ms' "$B"); c=$(jq '.steps.RunPodSandbox.p50Ms' "$C")
+  printf '  RunPodSandbox p50 (pod network) <= containerd'"'"'s: %.1f vs %.1f ms, %s  %s\n' "$b" "$c" \
+    "$(ratio "$b" "$c")" "$(verdict "$b <= $c")"
+  if [ "$o50" = - ]; then
+    echo "  Berth's CNI overhead p50 < 5 ms: no timing in berthd's log  MISSED"
+  else
+    echo "  Berth's CNI overhead p50 < 5 ms: $o50 ms (p99 $o99 ms)  $(verdict "$o50 < 5")"
+  fi
+fi
+b=$(jq '.steps["sandbox+create+start"].p50Ms' "$B"); c=$(jq '.steps["sandbox+create+start"].p50Ms' "$C")
 echo "  sandbox+create+start p50 <= 0.5x containerd's: $(ratio "$b" "$c")  $(verdict "$b <= 0.5 * $c")"
 echo "  berth-shim idle RSS <= 2 MiB (containerd-shim-runc-v2: $(mib "$ca") MiB): $(mib "$ba") MiB  $(verdict "$ba <= 2048")"
 echo "  berthd RSS with $N pods <= 0.5x containerd's: $(ratio "$bd" "$cdm")  $(verdict "$bd <= 0.5 * $cdm")"
