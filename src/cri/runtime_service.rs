@@ -239,7 +239,13 @@ async fn pod_sandbox_status(
 ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
     let req = request.get_ref();
     let rec = self.sandboxes.get(&req.pod_sandbox_id)?;
-    Ok(Response::new(sandbox_service::status(&rec, req.verbose)))
+    // CHECK runs only when asked for details: the kubelet polls the plain status often.
+    let check = if req.verbose {
+        self.sandboxes.check_network(&rec).await
+    } else {
+        None
+    };
+    Ok(Response::new(sandbox_service::status(&rec, req.verbose, check)))
 }
 
 async fn list_pod_sandbox(

@@ -39,8 +39,12 @@ fn network_status(rec: &SandboxRecord) -> cri::PodSandboxNetworkStatus {
     }
 }
 
-/// PodSandboxStatus for one record.
-pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusResponse {
+/// PodSandboxStatus; `verbose` adds the info JSON, with the CNI CHECK outcome if there was one.
+pub fn status(
+    rec: &SandboxRecord,
+    verbose: bool,
+    network_check: Option<String>,
+) -> cri::PodSandboxStatusResponse {
     let config = rec.config();
     let ns = config
         .linux
@@ -65,6 +69,7 @@ pub fn status(rec: &SandboxRecord, verbose: bool) -> cri::PodSandboxStatusRespon
                 "resolvConf": rec.file("resolv.conf"),
                 "cgroupParent": rec.cgroup_parent,
                 "runtimeHandler": rec.runtime_handler,
+                "networkCheck": network_check,
             })
             .to_string(),
         );

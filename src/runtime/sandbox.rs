@@ -201,6 +201,19 @@ impl SandboxManager {
             .map_err(|e| SandboxError::Internal(format!("deleting sandbox {id}: {e}")))
     }
 
+    /// CNI CHECK of a ready pod's network: None when there is nothing to check (host network,
+    /// no CNI, not ready, or a plugin version without CHECK), else "ok" or the plugin's error.
+    pub async fn check_network(&self, rec: &SandboxRecord) -> Option<String> {
+        if rec.state != SandboxState::Ready || rec.net_ns.is_none() {
+            return None;
+        }
+        match self.net.as_ref()?.check(&rec.id).await {
+            Ok(true) => Some("ok".into()),
+            Ok(false) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
     /// The sandbox with id `id` or a unique prefix of it.
     pub fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         if id.is_empty() {
