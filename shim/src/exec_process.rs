@@ -146,11 +146,14 @@ mod tests {
             p.env().as_deref(),
             Some(&["PATH=/bin".to_string(), "A=2".into(), "B=3".into()][..])
         );
-        assert_eq!(p.cwd(), Path::new("/work"));
+        assert_eq!(p.cwd().as_path(), Path::new("/work"));
         assert_eq!(p.no_new_privileges(), Some(true));
         assert_eq!(p.oom_score_adj(), None);
         let p =
             exec_process(&spec, vec!["x".into()], &[], Some("/tmp".into()), true).expect("process");
-        assert_eq!((p.cwd(), p.terminal()), (Path::new("/tmp"), Some(true)));
+        assert_eq!(
+            (p.cwd().as_path(), p.terminal()),
+            (Path::new("/tmp"), Some(true))
+        );
     }
 }
