@@ -25,6 +25,8 @@ pub struct Config {
     pub cni: CniConfig,
     /// The streaming server (exec, attach, port-forward).
     pub stream: StreamConfig,
+    /// The embedded node agent (static pods, probes, node status).
+    pub agent: crate::agent::config::AgentConfig,
 }
 
 /// The streaming server's address, timeouts and optional TLS.
@@ -106,6 +108,7 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             cni: CniConfig::default(),
             stream: StreamConfig::default(),
+            agent: Default::default(),
         }
     }
 }
@@ -171,6 +174,7 @@ impl Config {
 
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.agent.validate().map_err(ConfigError::Invalid)?;
         if self.stream.address.parse::<std::net::SocketAddr>().is_err() {
             return Err(ConfigError::Invalid(format!(
                 "stream.address {:?} is not HOST:PORT (an IP address and a port)",

@@ -80,6 +80,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stream =
         crate::stream::StreamServer::start(&config.stream, containers.clone(), sandboxes.clone())
             .await?;
+    if config.agent.enabled {
+        crate::agent::spawn_when_ready(
+            config.agent.clone(),
+            config.socket.clone(),
+            config.state_dir.clone(),
+            config.root.clone(),
+        );
+    }
     cri::serve(
         lock,
         &config.socket,

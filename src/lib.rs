@@ -1,5 +1,6 @@
 //! Berth: a container runtime for Kubernetes nodes (CRI server, image service, node agent).
 
+pub mod agent;
 pub mod client;
 pub mod config;
 pub mod cri;

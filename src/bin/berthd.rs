@@ -48,6 +48,15 @@ struct Cli {
     /// Streaming server (exec, attach, port-forward) address; port 0 picks a free port.
     #[arg(long, value_name = "HOST:PORT")]
     stream_address: Option<String>,
+    /// Do not run the embedded node agent (as when a kubelet drives berthd).
+    #[arg(long)]
+    no_agent: bool,
+    /// Directory of static pod manifests for the agent.
+    #[arg(long, value_name = "DIR")]
+    manifest_dir: Option<PathBuf>,
+    /// The agent's read-only status endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    agent_address: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -135,6 +144,15 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.stream_address {
         cfg.stream.address = v.clone();
+    }
+    if cli.no_agent {
+        cfg.agent.enabled = false;
+    }
+    if let Some(v) = &cli.manifest_dir {
+        cfg.agent.manifest_dir = v.clone();
+    }
+    if let Some(v) = &cli.agent_address {
+        cfg.agent.address = v.clone();
     }
     cfg.validate()?;
     Ok(cfg)

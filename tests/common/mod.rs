@@ -148,6 +148,14 @@ impl Daemon {
         if !self.extra_args.iter().any(|a| a == "--cni-conf-dir") {
             c.arg("--cni-conf-dir").arg(self.dir.path().join("no-cni"));
         }
+        // The embedded agent only where a test asks for it (its port and manifest dir are global).
+        let wants_agent = self
+            .extra_args
+            .iter()
+            .any(|a| a == "--manifest-dir" || a == "--agent-address");
+        if !wants_agent && !self.extra_args.iter().any(|a| a == "--no-agent") {
+            c.arg("--no-agent");
+        }
         c.args(&self.extra_args);
         c
     }

@@ -1,0 +1,198 @@
+//! The CRI ContainerConfig of one of a pod's containers.
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::{labels, resources};
+
+/// What a container config needs beyond the pod and the container.
+pub struct ContainerContext<'a> {
+    /// The pod's QoS class.
+    pub qos: &'a str,
+    /// The node's memory capacity in bytes (for oom_score_adj).
+    pub memory_capacity: f64,
+    /// Pod IP (for `status.podIP` in the downward API env).
+    pub pod_ip: &'a str,
+    /// Node IP (for `status.hostIP`).
+    pub host_ip: &'a str,
+    /// Node name (for `spec.nodeName`).
+    pub node_name: &'a str,
+    /// Image reference to run (the resolved image id or the spec's reference).
+    pub image: &'a str,
+}
+
+/// The config for restart number `restart_count` of container `c` in `pod`.
+pub fn container_config(
+    pod: &Pod,
+    c: &Container,
+    restart_count: u32,
+    ctx: &ContainerContext<'_>,
+) -> cri::ContainerConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let grace = spec.termination_grace_period_seconds.unwrap_or(30);
+    let psc = spec.security_context.clone().unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let privileged = sc.privileged.unwrap_or(false);
+    let envs = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let value = match (&e.value, &e.value_from) {
+                (Some(v), _) => expand(v, c, pod),
+                (None, Some(from)) => field_value(from.field_ref.as_ref()?, pod, ctx)?,
+                (None, None) => String::new(),
+            };
+            Some(cri::KeyValue {
+                key: e.name.clone(),
+                value,
+            })
+        })
+        .collect();
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: restart_count,
+        }),
+        image: Some(cri::ImageSpec {
+            image: ctx.image.to_string(),
+            user_specified_image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs,
+        labels: labels::container_labels(pod, c),
+        annotations: labels::container_annotations(c, restart_count, grace),
+        log_path: format!("{}/{}.log", c.name, restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(resources::linux_resources(c, ctx.qos, ctx.memory_capacity)),
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                capabilities: Some(cri::Capability {
+                    add_capabilities: caps.add.clone().unwrap_or_default(),
+                    drop_capabilities: caps.drop.clone().unwrap_or_default(),
+                    ..Default::default()
+                }),
+                privileged,
+                namespace_options: Some(namespace_options(pod)),
+                run_as_user: sc
+                    .run_as_user
+                    .or(psc.run_as_user)
+                    .map(|value| cri::Int64Value { value }),
+                run_as_group: sc
+                    .run_as_group
+                    .or(psc.run_as_group)
+                    .map(|value| cri::Int64Value { value }),
+                readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                no_new_privs: !privileged && sc.allow_privilege_escalation == Some(false),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod's namespace sharing, as the container's namespace options.
+fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mode = |host: Option<bool>| {
+        if host.unwrap_or(false) {
+            cri::NamespaceMode::Node as i32
+        } else {
+            cri::NamespaceMode::Pod as i32
+        }
+    };
+    cri::NamespaceOption {
+        network: mode(spec.host_network),
+        ipc: mode(spec.host_ipc),
+        pid: if spec.host_pid.unwrap_or(false) {
+            cri::NamespaceMode::Node as i32
+        } else if spec.share_process_namespace.unwrap_or(false) {
+            cri::NamespaceMode::Pod as i32
+        } else {
+            cri::NamespaceMode::Container as i32
+        },
+        ..Default::default()
+    }
+}
+
+/// `$(VAR)` references to earlier env entries, as the kubelet expands them (`$$` escapes).
+fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
+    if !v.contains("$(") {
+        return v.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = v;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            let found = c
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone());
+            match found {
+                Some(val) => out.push_str(&val),
+                None => out.push_str(&format!("$({name})")),
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Downward-API env values the agent knows.
+fn field_value(
+    sel: &k8s_openapi::api::core::v1::ObjectFieldSelector,
+    pod: &Pod,
+    ctx: &ContainerContext<'_>,
+) -> Option<String> {
+    let m = &pod.metadata;
+    Some(match sel.field_path.as_str() {
+        "metadata.name" => m.name.clone().unwrap_or_default(),
+        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => m.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => ctx.node_name.to_string(),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
+        "status.podIP" => ctx.pod_ip.to_string(),
+        "status.hostIP" => ctx.host_ip.to_string(),
+        p => {
+            if let Some(key) = p
+                .strip_prefix("metadata.labels['")
+                .and_then(|k| k.strip_suffix("']"))
+            {
+                m.labels.as_ref()?.get(key)?.clone()
+            } else if let Some(key) = p
+                .strip_prefix("metadata.annotations['")
+                .and_then(|k| k.strip_suffix("']"))
+            {
+                m.annotations.as_ref()?.get(key)?.clone()
+            } else {
+                tracing::warn!(field = p, "unsupported downward API field in env");
+                return None;
+            }
+        }
+    })
+}

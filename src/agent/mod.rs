@@ -1,0 +1,140 @@
+//! The embedded node agent: a small kubelet that runs static pods from manifest files through CRI.
+//!
+//! It talks to the runtime only through the CRI API over a socket (berthd's own by default), so
+//! it could drive any CRI runtime, and berthd works the same with it off (`--no-agent`).
+
+pub mod backoff;
+pub mod config;
+pub mod container_config;
+pub mod labels;
+pub mod manifest;
+pub mod node;
+pub mod probe;
+pub mod registry;
+pub mod resources;
+pub mod sandbox_config;
+pub mod server;
+pub mod sources;
+pub mod status;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::CriClient;
+use backoff::BackoffPolicy;
+use config::AgentConfig;
+use node::NodeIdentity;
+use registry::PodRegistry;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The CRI socket did not answer.
+    #[error("agent: connecting to the CRI socket {path}: {error}")]
+    Connect { path: PathBuf, error: String },
+    /// The status endpoint could not listen.
+    #[error("agent: listening on {address}: {error}")]
+    Listen {
+        address: String,
+        error: std::io::Error,
+    },
+}
+
+/// What every part of the agent shares.
+pub struct AgentContext {
+    /// CRI client.
+    pub client: CriClient,
+    /// Root of the pods' log directories.
+    pub pod_log_dir: PathBuf,
+    /// This node.
+    pub node: NodeIdentity,
+    /// Runtime name from CRI Version (the `<name>://` of container IDs).
+    pub runtime_name: String,
+    /// Restart and pull back-off.
+    pub backoff: BackoffPolicy,
+    /// Time between two syncs of a pod.
+    pub sync_period: Duration,
+    /// Pods and manifest errors, for the status endpoint.
+    pub pods: PodRegistry,
+}
+
+/// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
+/// the node status loop and the status endpoint. Returns once the endpoint listens.
+pub async fn start(
+    cfg: &AgentConfig,
+    socket: &std::path::Path,
+    state_dir: &std::path::Path,
+    root: &std::path::Path,
+) -> Result<(), AgentError> {
+    let client = CriClient::connect(socket)
+        .await
+        .map_err(|e| AgentError::Connect {
+            path: socket.to_path_buf(),
+            error: format!("{e:#}"),
+        })?;
+    let runtime_name = match client
+        .runtime()
+        .version(k8s_cri::v1::VersionRequest {
+            version: String::new(),
+        })
+        .await
+    {
+        Ok(v) => v.into_inner().runtime_name,
+        Err(e) => {
+            tracing::warn!(error = %e.message(), "agent: CRI Version failed");
+            "cri".into()
+        }
+    };
+    let node = NodeIdentity::detect(cfg.node_name.as_deref());
+    let ctx = Arc::new(AgentContext {
+        client,
+        pod_log_dir: cfg.pod_log_dir.clone(),
+        node,
+        runtime_name,
+        backoff: BackoffPolicy {
+            base: Duration::from_secs_f64(cfg.backoff_base_secs),
+            max: Duration::from_secs_f64(cfg.backoff_max_secs),
+            reset_after: Duration::from_secs_f64(cfg.backoff_reset_secs),
+        },
+        sync_period: Duration::from_millis(cfg.sync_period_ms),
+        pods: PodRegistry::default(),
+    });
+    let node_status = node::NodeStatus::new(ctx.clone(), cfg, state_dir, root);
+    let listener = tokio::net::TcpListener::bind(&cfg.address)
+        .await
+        .map_err(|error| AgentError::Listen {
+            address: cfg.address.clone(),
+            error,
+        })?;
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+    node_status.set_port(port);
+    tracing::info!(address = %cfg.address, manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
+    tokio::spawn(server::serve(listener, ctx.clone(), node_status.clone()));
+    tokio::spawn(node_status.run());
+    tokio::spawn(sources::run(
+        ctx,
+        cfg.manifest_dir.clone(),
+        Duration::from_millis(cfg.manifest_rescan_ms),
+    ));
+    Ok(())
+}
+
+/// Starts the agent in the background once the CRI socket at `socket` accepts connections
+/// (berthd calls this just before it starts serving). A failure is logged; CRI keeps serving.
+pub fn spawn_when_ready(cfg: AgentConfig, socket: PathBuf, state_dir: PathBuf, root: PathBuf) {
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::net::UnixStream::connect(&socket).await.is_err() {
+            if tokio::time::Instant::now() > deadline {
+                tracing::error!(socket = %socket.display(), "agent: the CRI socket never answered; agent not started");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Err(e) = start(&cfg, &socket, &state_dir, &root).await {
+            tracing::error!(error = %e, "node agent not started");
+        }
+    });
+}

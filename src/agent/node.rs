@@ -1,0 +1,477 @@
+//! Node status: the v1 Node (conditions, capacity, allocatable, nodeInfo, images, addresses),
+//! recomputed periodically and "reported" (a status file plus a counter) when it changes
+//! meaningfully or the report period passed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints,
+    NodeStatus as V1NodeStatus, NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::AgentContext;
+use super::config::AgentConfig;
+use super::status;
+
+/// Who this node is.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    /// Node name (lower-case host name unless configured).
+    pub name: String,
+    /// Host name.
+    pub hostname: String,
+    /// The address other machines reach this node at (the source address of the default route).
+    pub internal_ip: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+}
+
+impl NodeIdentity {
+    /// Looks the node up on this machine.
+    pub fn detect(name: Option<&str>) -> Self {
+        let hostname = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        Self {
+            name: name
+                .map(str::to_string)
+                .unwrap_or_else(|| hostname.to_lowercase()),
+            hostname,
+            internal_ip: internal_ip().unwrap_or_default(),
+            memory_bytes: meminfo("MemTotal").unwrap_or(0),
+        }
+    }
+}
+
+/// The source address the kernel would use for the default route (no packet is sent).
+fn internal_ip() -> Option<String> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then(|| ip.to_string())
+}
+
+/// A `/proc/meminfo` field in bytes.
+fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+        let kib: u64 = rest.split_whitespace().next()?.parse().ok()?;
+        Some(kib * 1024)
+    })
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn os_image() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
+        })
+        .unwrap_or_else(|| "Linux".into())
+}
+
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+/// The eviction-hard defaults of the kubelet, as amounts of this machine.
+const MEMORY_EVICTION_HARD: u64 = 100 * 1024 * 1024;
+const NODEFS_EVICTION_HARD_PCT: f64 = 10.0;
+const NODEFS_INODES_EVICTION_HARD_PCT: f64 = 5.0;
+
+#[derive(Default)]
+struct Inner {
+    node: Option<Node>,
+    last_key: String,
+    last_report: Option<Instant>,
+    reports: u64,
+    computed: u64,
+    transitions: HashMap<String, (String, Time)>,
+}
+
+/// Counters of the node status loop.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportCounters {
+    /// Times the status was computed.
+    pub computed: u64,
+    /// Times it was reported (changed, or the report period passed).
+    pub reports: u64,
+    /// Where the reported status is written.
+    pub status_file: PathBuf,
+}
+
+/// The node status loop and its latest result.
+pub struct NodeStatus {
+    ctx: Arc<AgentContext>,
+    update: Duration,
+    report: Duration,
+    max_images: i64,
+    disk: PathBuf,
+    status_file: PathBuf,
+    port: AtomicU16,
+    inner: Mutex<Inner>,
+}
+
+impl NodeStatus {
+    /// A status loop (not started).
+    pub fn new(
+        ctx: Arc<AgentContext>,
+        cfg: &AgentConfig,
+        state_dir: &Path,
+        root: &Path,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            ctx,
+            update: Duration::from_secs_f64(cfg.node_status_update_secs),
+            report: Duration::from_secs_f64(cfg.node_status_report_secs),
+            max_images: cfg.node_status_max_images,
+            disk: root.to_path_buf(),
+            status_file: state_dir.join("agent/node-status.json"),
+            port: AtomicU16::new(0),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The status endpoint's port (the node's daemonEndpoints).
+    pub fn set_port(&self, port: u16) {
+        self.port.store(port, Ordering::Relaxed);
+    }
+
+    /// The latest Node.
+    pub fn current(&self) -> Option<Node> {
+        self.inner.lock().ok().and_then(|i| i.node.clone())
+    }
+
+    /// The loop's counters.
+    pub fn counters(&self) -> ReportCounters {
+        let (computed, reports) = self
+            .inner
+            .lock()
+            .map(|i| (i.computed, i.reports))
+            .unwrap_or_default();
+        ReportCounters {
+            computed,
+            reports,
+            status_file: self.status_file.clone(),
+        }
+    }
+
+    /// Computes the status every update period, forever.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            let node = self.compute().await;
+            self.record(node).await;
+            tokio::time::sleep(self.update).await;
+        }
+    }
+
+    async fn record(&self, node: Node) {
+        let key = meaningful(&node);
+        let due = {
+            let Ok(mut i) = self.inner.lock() else { return };
+            i.computed += 1;
+            i.node = Some(node.clone());
+            let due = i.last_key != key || i.last_report.is_none_or(|t| t.elapsed() >= self.report);
+            if due {
+                i.last_key = key;
+                i.last_report = Some(Instant::now());
+                i.reports += 1;
+            }
+            due
+        };
+        if due {
+            let file = self.status_file.clone();
+            let bytes = serde_json::to_vec_pretty(&node).unwrap_or_default();
+            let res = tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await;
+            if let Ok(Err(e)) = res {
+                tracing::warn!(error = %e, "writing node status file");
+            }
+            tracing::debug!("node status reported");
+        }
+    }
+
+    fn condition(&self, kind: &str, status: bool, reason: &str, message: &str) -> NodeCondition {
+        let now = status::now();
+        let s = if status { "True" } else { "False" }.to_string();
+        let transition = match self.inner.lock() {
+            Ok(mut i) => {
+                let e = i
+                    .transitions
+                    .entry(kind.to_string())
+                    .or_insert((s.clone(), now.clone()));
+                if e.0 != s {
+                    *e = (s.clone(), now.clone());
+                }
+                e.1.clone()
+            }
+            Err(_) => now.clone(),
+        };
+        NodeCondition {
+            type_: kind.to_string(),
+            status: s,
+            reason: Some(reason.to_string()),
+            message: Some(message.to_string()),
+            last_heartbeat_time: Some(now),
+            last_transition_time: Some(transition),
+        }
+    }
+
+    /// Builds the Node now.
+    pub async fn compute(&self) -> Node {
+        let id = &self.ctx.node;
+        let mut rt = self.ctx.client.runtime();
+        let version = rt
+            .version(cri::VersionRequest::default())
+            .await
+            .map(|v| v.into_inner())
+            .unwrap_or_default();
+        let runtime_status = rt
+            .status(cri::StatusRequest { verbose: false })
+            .await
+            .ok()
+            .and_then(|s| s.into_inner().status);
+        let cond = |name: &str| {
+            runtime_status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.r#type == name))
+                .cloned()
+        };
+        let not_ready: Vec<String> = ["RuntimeReady", "NetworkReady"]
+            .into_iter()
+            .filter_map(|n| match cond(n) {
+                Some(c) if c.status => None,
+                Some(c) => Some(format!(
+                    "{n}=false reason:{} message:{}",
+                    c.reason, c.message
+                )),
+                None => Some(format!("{n} unknown (CRI Status failed)")),
+            })
+            .collect();
+        let disk = rustix::fs::statvfs(&self.disk).ok();
+        let (disk_total, disk_avail, inodes_total, inodes_free) = disk
+            .map(|s| {
+                (
+                    s.f_blocks * s.f_frsize,
+                    s.f_bavail * s.f_frsize,
+                    s.f_files,
+                    s.f_favail,
+                )
+            })
+            .unwrap_or_default();
+        let mem_avail = meminfo("MemAvailable").unwrap_or(id.memory_bytes);
+        let memory_pressure = mem_avail < MEMORY_EVICTION_HARD;
+        let disk_pressure = disk_total > 0
+            && ((disk_avail as f64) < disk_total as f64 * NODEFS_EVICTION_HARD_PCT / 100.0
+                || (inodes_total > 0
+                    && (inodes_free as f64)
+                        < inodes_total as f64 * NODEFS_INODES_EVICTION_HARD_PCT / 100.0));
+        let conditions = vec![
+            if memory_pressure {
+                self.condition(
+                    "MemoryPressure",
+                    true,
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available",
+                )
+            } else {
+                self.condition(
+                    "MemoryPressure",
+                    false,
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                )
+            },
+            if disk_pressure {
+                self.condition(
+                    "DiskPressure",
+                    true,
+                    "KubeletHasDiskPressure",
+                    "kubelet has disk pressure",
+                )
+            } else {
+                self.condition(
+                    "DiskPressure",
+                    false,
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                )
+            },
+            self.condition(
+                "PIDPressure",
+                false,
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            if not_ready.is_empty() {
+                self.condition(
+                    "Ready",
+                    true,
+                    "KubeletReady",
+                    "kubelet is posting ready status",
+                )
+            } else {
+                self.condition(
+                    "Ready",
+                    false,
+                    "KubeletNotReady",
+                    &format!("container runtime not ready: {}", not_ready.join(", ")),
+                )
+            },
+        ];
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let q = |s: String| Quantity(s);
+        let mut capacity = BTreeMap::new();
+        capacity.insert("cpu".to_string(), q(cpus.to_string()));
+        capacity.insert(
+            "memory".to_string(),
+            q(format!("{}Ki", id.memory_bytes / 1024)),
+        );
+        capacity.insert(
+            "ephemeral-storage".to_string(),
+            q(format!("{}Ki", disk_total / 1024)),
+        );
+        capacity.insert("pods".to_string(), q("110".into()));
+        capacity.insert("hugepages-2Mi".to_string(), q("0".into()));
+        capacity.insert("hugepages-1Gi".to_string(), q("0".into()));
+        let mut allocatable = capacity.clone();
+        allocatable.insert(
+            "memory".to_string(),
+            q(format!(
+                "{}Ki",
+                id.memory_bytes.saturating_sub(MEMORY_EVICTION_HARD) / 1024
+            )),
+        );
+        allocatable.insert(
+            "ephemeral-storage".to_string(),
+            q(format!(
+                "{}",
+                (disk_total as f64 * (1.0 - NODEFS_EVICTION_HARD_PCT / 100.0)) as u64
+            )),
+        );
+        let images = self.images().await;
+        let mut addresses = Vec::new();
+        if !id.internal_ip.is_empty() {
+            addresses.push(NodeAddress {
+                type_: "InternalIP".into(),
+                address: id.internal_ip.clone(),
+            });
+        }
+        addresses.push(NodeAddress {
+            type_: "Hostname".into(),
+            address: id.hostname.clone(),
+        });
+        let uname = rustix::system::uname();
+        let mut labels = BTreeMap::new();
+        labels.insert("kubernetes.io/hostname".to_string(), id.name.clone());
+        labels.insert("kubernetes.io/os".to_string(), "linux".to_string());
+        labels.insert("kubernetes.io/arch".to_string(), arch().to_string());
+        Node {
+            metadata: ObjectMeta {
+                name: Some(id.name.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(V1NodeStatus {
+                conditions: Some(conditions),
+                capacity: Some(capacity),
+                allocatable: Some(allocatable),
+                addresses: Some(addresses),
+                daemon_endpoints: Some(NodeDaemonEndpoints {
+                    kubelet_endpoint: Some(DaemonEndpoint {
+                        port: i32::from(self.port.load(Ordering::Relaxed)),
+                    }),
+                }),
+                images: Some(images),
+                node_info: Some(NodeSystemInfo {
+                    architecture: arch().to_string(),
+                    boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+                    machine_id: read_trimmed("/etc/machine-id"),
+                    system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
+                    kernel_version: uname.release().to_string_lossy().into_owned(),
+                    os_image: os_image(),
+                    operating_system: "linux".into(),
+                    container_runtime_version: format!(
+                        "{}://{}",
+                        version.runtime_name, version.runtime_version
+                    ),
+                    kubelet_version: format!("v{}-berth", env!("CARGO_PKG_VERSION")),
+                    kube_proxy_version: String::new(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The largest images first, at most `max_images` (-1: all).
+    async fn images(&self) -> Vec<ContainerImage> {
+        if self.max_images == 0 {
+            return Vec::new();
+        }
+        let mut list = self
+            .ctx
+            .client
+            .images()
+            .list_images(cri::ListImagesRequest { filter: None })
+            .await
+            .map(|r| r.into_inner().images)
+            .unwrap_or_default();
+        list.sort_by_key(|i| std::cmp::Reverse(i.size));
+        if self.max_images > 0 {
+            list.truncate(self.max_images as usize);
+        }
+        list.into_iter()
+            .map(|i| ContainerImage {
+                names: Some(i.repo_digests.into_iter().chain(i.repo_tags).collect()),
+                size_bytes: Some(i.size as i64),
+            })
+            .collect()
+    }
+}
+
+/// The node without heartbeat times: what must change for a report.
+fn meaningful(node: &Node) -> String {
+    let mut n = node.clone();
+    if let Some(conds) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        for c in conds {
+            c.last_heartbeat_time = None;
+        }
+    }
+    serde_json::to_string(&n).unwrap_or_default()
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

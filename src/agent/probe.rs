@@ -1,0 +1,267 @@
+//! Container probes (startup, liveness, readiness): exec, tcpSocket and httpGet, each in its own
+//! task with the probe's delay, period, timeout and thresholds.
+
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::client::CriClient;
+
+/// Which probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// Gates the other two; failing it restarts the container.
+    Startup,
+    /// Failing it restarts the container.
+    Liveness,
+    /// Only the ready flag.
+    Readiness,
+}
+
+/// A probe's verdict after its thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// Not decided yet.
+    Unknown,
+    /// Passed `successThreshold` times in a row.
+    Success,
+    /// Failed `failureThreshold` times in a row.
+    Failure,
+}
+
+/// Where a probe connects and what it runs in.
+#[derive(Clone)]
+pub struct ProbeTarget {
+    /// CRI client (for exec probes).
+    pub client: CriClient,
+    /// The container probed.
+    pub container_id: String,
+    /// Address of the pod's network: the pod IP, or 127.0.0.1 for host-network pods.
+    pub host: String,
+    /// The container (for named ports).
+    pub container: Container,
+}
+
+/// A running probe; dropping it stops the probe.
+pub struct ProbeHandle {
+    /// The latest verdict.
+    pub result: watch::Receiver<ProbeResult>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ProbeHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ProbeHandle {
+    /// The current verdict.
+    pub fn get(&self) -> ProbeResult {
+        *self.result.borrow()
+    }
+}
+
+/// Starts probing. `gate` (the startup probe's verdict) holds the probe until it is Success.
+pub fn spawn(
+    kind: ProbeKind,
+    probe: Probe,
+    target: ProbeTarget,
+    gate: Option<watch::Receiver<ProbeResult>>,
+) -> ProbeHandle {
+    let initial = match kind {
+        ProbeKind::Readiness => ProbeResult::Failure,
+        _ => ProbeResult::Unknown,
+    };
+    let (tx, rx) = watch::channel(initial);
+    let task = tokio::spawn(run(kind, probe, target, gate, tx));
+    ProbeHandle { result: rx, task }
+}
+
+fn secs(v: Option<i32>, default: i32, min: i32) -> Duration {
+    Duration::from_secs(v.unwrap_or(default).max(min) as u64)
+}
+
+async fn run(
+    kind: ProbeKind,
+    probe: Probe,
+    target: ProbeTarget,
+    mut gate: Option<watch::Receiver<ProbeResult>>,
+    tx: watch::Sender<ProbeResult>,
+) {
+    if let Some(g) = gate.as_mut()
+        && g.wait_for(|r| *r == ProbeResult::Success).await.is_err()
+    {
+        return;
+    }
+    tokio::time::sleep(secs(probe.initial_delay_seconds, 0, 0)).await;
+    let period = secs(probe.period_seconds, 10, 1);
+    let timeout = secs(probe.timeout_seconds, 1, 1);
+    let success_threshold = probe.success_threshold.unwrap_or(1).max(1) as u32;
+    let failure_threshold = probe.failure_threshold.unwrap_or(3).max(1) as u32;
+    let (mut successes, mut failures) = (0u32, 0u32);
+    loop {
+        let outcome = match tokio::time::timeout(timeout, once(&probe, &target, timeout)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("timed out after {}s", timeout.as_secs())),
+        };
+        match outcome {
+            Ok(()) => {
+                failures = 0;
+                successes += 1;
+                if successes >= success_threshold {
+                    tx.send_if_modified(|r| {
+                        std::mem::replace(r, ProbeResult::Success) != ProbeResult::Success
+                    });
+                }
+            }
+            Err(why) => {
+                successes = 0;
+                failures += 1;
+                tracing::debug!(container = %target.container.name, ?kind, %why, failures, "probe failed");
+                if failures >= failure_threshold {
+                    if *tx.borrow() != ProbeResult::Failure {
+                        tracing::info!(container = %target.container.name, ?kind, %why, "probe failed {failures} times");
+                    }
+                    tx.send_if_modified(|r| {
+                        std::mem::replace(r, ProbeResult::Failure) != ProbeResult::Failure
+                    });
+                }
+            }
+        }
+        if kind == ProbeKind::Startup && *tx.borrow() == ProbeResult::Success {
+            // A passed startup probe is done; keep the verdict for the gated probes.
+            tx.closed().await;
+            return;
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// One probe attempt.
+async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), String> {
+    if let Some(exec) = &probe.exec {
+        let cmd = exec.command.clone().unwrap_or_default();
+        let r = t
+            .client
+            .runtime()
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: t.container_id.clone(),
+                cmd,
+                timeout: timeout.as_secs() as i64,
+            })
+            .await
+            .map_err(|e| format!("exec: {}", e.message()))?
+            .into_inner();
+        return if r.exit_code == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "exit code {}: {}",
+                r.exit_code,
+                String::from_utf8_lossy(&r.stdout).trim()
+            ))
+        };
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        let port = resolve_port(&tcp.port, &t.container)?;
+        let host = tcp.host.clone().unwrap_or_else(|| t.host.clone());
+        tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("dial {host}:{port}: {e}"))?;
+        return Ok(());
+    }
+    if let Some(http) = &probe.http_get {
+        if http.scheme.as_deref().unwrap_or("HTTP") != "HTTP" {
+            return Err("HTTPS probes are not supported yet".into());
+        }
+        let port = resolve_port(&http.port, &t.container)?;
+        let host = http.host.clone().unwrap_or_else(|| t.host.clone());
+        let path = http.path.clone().unwrap_or_else(|| "/".into());
+        let headers: Vec<(String, String)> = http
+            .http_headers
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect();
+        let code = http_get(&host, port, &path, &headers).await?;
+        return if (200..400).contains(&code) {
+            Ok(())
+        } else {
+            Err(format!("HTTP probe failed with statuscode: {code}"))
+        };
+    }
+    if probe.grpc.is_some() {
+        return Err("gRPC probes are not supported yet".into());
+    }
+    Err("probe has no handler".into())
+}
+
+/// A container port by number or by name.
+fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, String> {
+    match p {
+        IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("invalid port {n}")),
+        IntOrString::String(name) => {
+            if let Ok(n) = name.parse::<u16>() {
+                return Ok(n);
+            }
+            c.ports
+                .iter()
+                .flatten()
+                .find(|cp| cp.name.as_deref() == Some(name.as_str()))
+                .and_then(|cp| u16::try_from(cp.container_port).ok())
+                .ok_or_else(|| format!("container has no port named {name:?}"))
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET; returns the status code.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<u16, String> {
+    let mut s = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("dial {host}:{port}: {e}"))?;
+    let mut req = format!("GET {path} HTTP/1.1\r\n");
+    let has = |n: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n));
+    if !has("host") {
+        req.push_str(&format!("Host: {host}:{port}\r\n"));
+    }
+    if !has("user-agent") {
+        req.push_str("User-Agent: kube-probe/1.37\r\n");
+    }
+    if !has("accept") {
+        req.push_str("Accept: */*\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("sending request: {e}"))?;
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+        let n = s
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("reading response: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| "malformed HTTP response".to_string())
+}

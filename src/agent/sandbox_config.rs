@@ -1,0 +1,190 @@
+//! The CRI PodSandboxConfig of a pod: metadata, hostname, DNS, ports, namespaces, sysctls.
+
+use std::path::{Path, PathBuf};
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+
+use super::labels;
+
+/// The pod's log directory, as the kubelet names it: `<root>/<namespace>_<name>_<uid>`.
+pub fn log_directory(root: &Path, pod: &Pod) -> PathBuf {
+    root.join(format!(
+        "{}_{}_{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    ))
+}
+
+/// The sandbox config for attempt `attempt` of `pod`.
+pub fn sandbox_config(
+    pod: &Pod,
+    hash: &str,
+    attempt: u32,
+    log_root: &Path,
+    node_name: &str,
+) -> cri::PodSandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let host_network = spec.host_network.unwrap_or(false);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let hostname = if host_network {
+        node_name.to_string()
+    } else {
+        spec.hostname.clone().unwrap_or_else(|| name.clone())
+    };
+    let mode = |host: Option<bool>| {
+        if host.unwrap_or(false) {
+            cri::NamespaceMode::Node as i32
+        } else {
+            cri::NamespaceMode::Pod as i32
+        }
+    };
+    let pid = if spec.host_pid.unwrap_or(false) {
+        cri::NamespaceMode::Node as i32
+    } else if spec.share_process_namespace.unwrap_or(false) {
+        cri::NamespaceMode::Pod as i32
+    } else {
+        cri::NamespaceMode::Container as i32
+    };
+    let psc = spec.security_context.clone().unwrap_or_default();
+    let sysctls = psc
+        .sysctls
+        .iter()
+        .flatten()
+        .map(|s| (s.name.clone(), s.value.clone()))
+        .collect();
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name,
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            attempt,
+        }),
+        hostname,
+        log_directory: log_directory(log_root, pod).display().to_string(),
+        dns_config: Some(dns_config(&spec, Path::new("/etc/resolv.conf"))),
+        port_mappings: port_mappings(&spec),
+        labels: labels::sandbox_labels(pod),
+        annotations: labels::sandbox_annotations(pod, hash),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: String::new(),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: mode(spec.host_network),
+                    pid,
+                    ipc: mode(spec.host_ipc),
+                    ..Default::default()
+                }),
+                run_as_user: psc.run_as_user.map(|v| cri::Int64Value { value: v }),
+                run_as_group: psc.run_as_group.map(|v| cri::Int64Value { value: v }),
+                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            sysctls,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Host ports of every container.
+pub fn port_mappings(spec: &PodSpec) -> Vec<cri::PortMapping> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.unwrap_or(0) > 0)
+        .map(|p| cri::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => cri::Protocol::Udp as i32,
+                Some("SCTP") => cri::Protocol::Sctp as i32,
+                _ => cri::Protocol::Tcp as i32,
+            },
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The pod's DNS: `Default` (and `ClusterFirst`, which has no cluster DNS to point at on a
+/// standalone node) use the host's resolv.conf; `None` only the pod's dnsConfig; dnsConfig is
+/// merged on top of the others.
+pub fn dns_config(spec: &PodSpec, host_resolv: &Path) -> cri::DnsConfig {
+    let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
+    let mut dns = if policy == "None" {
+        cri::DnsConfig::default()
+    } else {
+        std::fs::read_to_string(host_resolv)
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default()
+    };
+    if let Some(extra) = &spec.dns_config {
+        for s in extra.nameservers.iter().flatten() {
+            if !dns.servers.contains(s) {
+                dns.servers.push(s.clone());
+            }
+        }
+        for s in extra.searches.iter().flatten() {
+            if !dns.searches.contains(s) {
+                dns.searches.push(s.clone());
+            }
+        }
+        for o in extra.options.iter().flatten() {
+            let name = o.name.clone().unwrap_or_default();
+            dns.options
+                .retain(|x| x.split(':').next() != Some(name.as_str()));
+            dns.options.push(match &o.value {
+                Some(v) => format!("{name}:{v}"),
+                None => name,
+            });
+        }
+    }
+    dns
+}
+
+/// nameserver, search/domain and options lines of a resolv.conf.
+pub fn parse_resolv_conf(text: &str) -> cri::DnsConfig {
+    let mut dns = cri::DnsConfig::default();
+    for line in text.lines() {
+        let line = line.split(['#', ';']).next().unwrap_or_default();
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => dns.servers.extend(words.next().map(str::to_string)),
+            Some("search") | Some("domain") => {
+                dns.searches = words.map(str::to_string).collect();
+            }
+            Some("options") => dns.options.extend(words.map(str::to_string)),
+            _ => {}
+        }
+    }
+    dns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf() {
+        let d = parse_resolv_conf(
+            "# x\nnameserver 1.1.1.1\nnameserver 8.8.8.8 ; y\nsearch a.b c\noptions ndots:2 edns0\n",
+        );
+        assert_eq!(d.servers, vec!["1.1.1.1", "8.8.8.8"]);
+        assert_eq!(d.searches, vec!["a.b", "c"]);
+        assert_eq!(d.options, vec!["ndots:2", "edns0"]);
+    }
+
+    #[test]
+    fn dns_none_uses_only_the_pod_config() {
+        let spec: PodSpec = serde_json::from_value(serde_json::json!({
+            "containers": [],
+            "dnsPolicy": "None",
+            "dnsConfig": {"nameservers": ["10.0.0.10"], "options": [{"name": "ndots", "value": "5"}]}
+        }))
+        .expect("spec");
+        let d = dns_config(&spec, Path::new("/nonexistent"));
+        assert_eq!(d.servers, vec!["10.0.0.10"]);
+        assert_eq!(d.options, vec!["ndots:5"]);
+    }
+}

@@ -1,0 +1,200 @@
+//! Building a v1 PodStatus from what the agent observed through CRI.
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+/// A CRI timestamp (ns since the epoch) as a v1 Time; zero is none.
+pub fn time_of(ns: i64) -> Option<Time> {
+    if ns <= 0 {
+        return None;
+    }
+    Timestamp::from_nanosecond(ns as i128).ok().map(Time)
+}
+
+/// Now, as a v1 Time.
+pub fn now() -> Time {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0);
+    Time(Timestamp::from_nanosecond(ns).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// What the agent knows about one container beyond CRI.
+pub struct ContainerView<'a> {
+    /// The spec's name.
+    pub name: &'a str,
+    /// The spec's image.
+    pub image: &'a str,
+    /// Instances of this container, latest first.
+    pub instances: &'a [cri::ContainerStatus],
+    /// Why it is waiting (reason, message), if it is.
+    pub waiting: Option<&'a (String, String)>,
+    /// Readiness verdict.
+    pub ready: bool,
+    /// Startup verdict.
+    pub started: bool,
+    /// `<runtime>://` prefix of container IDs.
+    pub runtime_name: &'a str,
+}
+
+fn terminated(s: &cri::ContainerStatus, runtime: &str) -> ContainerState {
+    let reason = if !s.reason.is_empty() {
+        s.reason.clone()
+    } else if s.exit_code == 0 {
+        "Completed".into()
+    } else {
+        "Error".into()
+    };
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            container_id: Some(format!("{runtime}://{}", s.id)),
+            exit_code: s.exit_code,
+            finished_at: time_of(s.finished_at),
+            message: (!s.message.is_empty()).then(|| s.message.clone()),
+            reason: Some(reason),
+            started_at: time_of(s.started_at),
+            signal: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Whether a CRI container is running.
+pub fn is_running(s: &cri::ContainerStatus) -> bool {
+    s.state == cri::ContainerState::ContainerRunning as i32
+}
+
+/// Whether a CRI container has exited.
+pub fn is_exited(s: &cri::ContainerStatus) -> bool {
+    s.state == cri::ContainerState::ContainerExited as i32
+}
+
+/// The v1 ContainerStatus of one container.
+pub fn container_status(v: &ContainerView<'_>) -> ContainerStatus {
+    let latest = v.instances.first();
+    let previous = v.instances.get(1);
+    let waiting = |reason: &str, message: &str| ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_string()),
+            message: (!message.is_empty()).then(|| message.to_string()),
+        }),
+        ..Default::default()
+    };
+    let (state, last_state) = match (latest, v.waiting) {
+        // Waiting to start again: the latest instance is the last termination.
+        (Some(l), Some((r, m))) if is_exited(l) => {
+            (waiting(r, m), Some(terminated(l, v.runtime_name)))
+        }
+        (_, Some((r, m))) => (
+            waiting(r, m),
+            previous.map(|p| terminated(p, v.runtime_name)),
+        ),
+        (Some(l), None) if is_running(l) => (
+            ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: time_of(l.started_at),
+                }),
+                ..Default::default()
+            },
+            previous.map(|p| terminated(p, v.runtime_name)),
+        ),
+        (Some(l), None) if is_exited(l) => (
+            terminated(l, v.runtime_name),
+            previous.map(|p| terminated(p, v.runtime_name)),
+        ),
+        _ => (waiting("ContainerCreating", ""), None),
+    };
+    let running = latest.is_some_and(is_running) && v.waiting.is_none();
+    ContainerStatus {
+        name: v.name.to_string(),
+        image: v.image.to_string(),
+        image_id: latest.map(|l| l.image_ref.clone()).unwrap_or_default(),
+        container_id: latest.map(|l| format!("{}://{}", v.runtime_name, l.id)),
+        restart_count: latest
+            .and_then(|l| l.metadata.as_ref())
+            .map(|m| m.attempt as i32)
+            .unwrap_or(0),
+        ready: running && v.ready,
+        started: Some(running && v.started),
+        state: Some(state),
+        last_state: last_state.map(Some).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// Counts used by [`phase`].
+#[derive(Debug, Default)]
+pub struct PhaseInput {
+    /// Init containers not all done yet.
+    pub init_pending: bool,
+    /// An init container failed for good (restartPolicy Never).
+    pub init_failed: bool,
+    /// Main containers running.
+    pub running: usize,
+    /// Main containers never started yet.
+    pub waiting: usize,
+    /// Main containers that exited (or wait to restart after an exit).
+    pub stopped: usize,
+    /// Of those, exited 0.
+    pub succeeded: usize,
+}
+
+/// The pod phase from its containers, as the kubelet computes it.
+pub fn phase(restart_policy: &str, p: &PhaseInput) -> &'static str {
+    if p.init_failed {
+        return "Failed";
+    }
+    if p.init_pending {
+        return "Pending";
+    }
+    if p.waiting > 0 {
+        return "Pending";
+    }
+    if p.running > 0 {
+        return "Running";
+    }
+    if p.stopped > 0 {
+        return match restart_policy {
+            "Always" => "Running",
+            "OnFailure" if p.stopped == p.succeeded => "Succeeded",
+            "OnFailure" => "Running",
+            _ if p.stopped == p.succeeded => "Succeeded",
+            _ => "Failed",
+        };
+    }
+    "Pending"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases() {
+        let p = |running, waiting, stopped, succeeded| PhaseInput {
+            running,
+            waiting,
+            stopped,
+            succeeded,
+            ..Default::default()
+        };
+        assert_eq!(phase("Always", &p(1, 0, 0, 0)), "Running");
+        assert_eq!(phase("Always", &p(0, 1, 0, 0)), "Pending");
+        assert_eq!(phase("Always", &p(0, 0, 1, 0)), "Running");
+        assert_eq!(phase("Never", &p(0, 0, 2, 1)), "Failed");
+        assert_eq!(phase("Never", &p(0, 0, 2, 2)), "Succeeded");
+        assert_eq!(phase("OnFailure", &p(0, 0, 1, 0)), "Running");
+        assert_eq!(phase("OnFailure", &p(0, 0, 1, 1)), "Succeeded");
+        let init = PhaseInput {
+            init_pending: true,
+            ..Default::default()
+        };
+        assert_eq!(phase("Always", &init), "Pending");
+    }
+}

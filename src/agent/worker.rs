@@ -1,0 +1,877 @@
+//! One pod's worker: a loop that compares the pod's manifest with what CRI shows and acts
+//! (sandbox, images, init containers in order, main containers, restarts with back-off, probes),
+//! then publishes the pod's status; on stop it terminates the pod within its grace period.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, HostIP, Pod, PodCondition, PodIP, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::watch;
+
+use super::backoff::Backoff;
+use super::container_config::{ContainerContext, container_config};
+use super::manifest::DesiredPod;
+use super::probe::{self, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
+use super::sandbox_config::{log_directory, sandbox_config};
+use super::status::{self, ContainerView, PhaseInput, is_exited, is_running};
+use super::{AgentContext, labels};
+
+/// Probes of one running container instance.
+struct Probes {
+    id: String,
+    startup: Option<ProbeHandle>,
+    liveness: Option<ProbeHandle>,
+    readiness: Option<ProbeHandle>,
+}
+
+/// What the worker keeps per container name.
+#[derive(Default)]
+struct ContainerTrack {
+    /// Instances seen in the last sync, latest attempt first.
+    instances: Vec<cri::ContainerStatus>,
+    /// Why it waits (reason, message).
+    waiting: Option<(String, String)>,
+    probes: Option<Probes>,
+}
+
+/// The pod's worker.
+pub struct PodWorker {
+    desired: DesiredPod,
+    ctx: Arc<AgentContext>,
+    sandbox: Option<(String, u32)>,
+    pod_ip: String,
+    next_attempt: u32,
+    tracks: HashMap<String, ContainerTrack>,
+    backoff: Backoff,
+    pull_backoff: Backoff,
+    pull_failed: HashMap<String, (Instant, String)>,
+    status_cache: HashMap<String, cri::ContainerStatus>,
+    start_time: Time,
+    transitions: HashMap<&'static str, (bool, Time)>,
+    init_failed: bool,
+    message: Option<String>,
+}
+
+impl PodWorker {
+    /// A worker for `desired` (nothing runs until [`PodWorker::run`]).
+    pub fn new(desired: DesiredPod, ctx: Arc<AgentContext>) -> Self {
+        let policy = ctx.backoff;
+        Self {
+            desired,
+            ctx,
+            sandbox: None,
+            pod_ip: String::new(),
+            next_attempt: 0,
+            tracks: HashMap::new(),
+            backoff: Backoff::new(policy),
+            pull_backoff: Backoff::new(policy),
+            pull_failed: HashMap::new(),
+            status_cache: HashMap::new(),
+            start_time: status::now(),
+            transitions: HashMap::new(),
+            init_failed: false,
+            message: None,
+        }
+    }
+
+    fn pod(&self) -> &Pod {
+        &self.desired.pod
+    }
+
+    fn spec(&self) -> k8s_openapi::api::core::v1::PodSpec {
+        self.pod().spec.clone().unwrap_or_default()
+    }
+
+    fn restart_policy(&self) -> String {
+        self.pod()
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".into())
+    }
+
+    fn host_network(&self) -> bool {
+        self.pod()
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false)
+    }
+
+    fn grace(&self) -> i64 {
+        self.pod()
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0)
+    }
+
+    fn pod_ref(&self) -> String {
+        let m = &self.pod().metadata;
+        format!(
+            "{}_{}({})",
+            m.name.as_deref().unwrap_or_default(),
+            m.namespace.as_deref().unwrap_or_default(),
+            self.desired.uid
+        )
+    }
+
+    /// Syncs until `stop` turns true, then terminates the pod.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let pod = self.pod_ref();
+        tracing::info!(pod = %pod, file = %self.desired.file.display(), "starting pod worker");
+        let period = self.ctx.sync_period;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            match self.sync().await {
+                Ok(()) => self.message = None,
+                Err(e) => {
+                    tracing::warn!(pod = %pod, error = %e, "pod sync failed");
+                    self.message = Some(e);
+                }
+            }
+            self.publish();
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        tracing::info!(pod = %pod, "terminating pod");
+        self.terminate().await;
+        self.ctx.pods.remove(&super::manifest::key_of(self.pod()));
+        tracing::info!(pod = %pod, "pod removed");
+    }
+
+    async fn sync(&mut self) -> Result<(), String> {
+        self.ensure_sandbox().await?;
+        self.observe().await?;
+        let spec = self.spec();
+        let policy = self.restart_policy();
+        if self.init_failed {
+            return Ok(());
+        }
+        for ic in spec.init_containers.iter().flatten() {
+            let latest = self.latest(&ic.name);
+            match latest {
+                Some(l) if is_exited(&l) && l.exit_code == 0 => continue,
+                Some(l) if is_exited(&l) => {
+                    if policy == "Never" {
+                        self.init_failed = true;
+                        return Ok(());
+                    }
+                    self.start_container(ic, Some(&l)).await;
+                    return Ok(());
+                }
+                Some(l) if is_running(&l) => return Ok(()),
+                Some(l) => {
+                    self.start_created(ic, &l).await;
+                    return Ok(());
+                }
+                None => {
+                    self.start_container(ic, None).await;
+                    return Ok(());
+                }
+            }
+        }
+        for c in &spec.containers {
+            match self.latest(&c.name) {
+                None => self.start_container(c, None).await,
+                Some(l) if is_running(&l) => self.check_probes(c, &l).await,
+                Some(l) if is_exited(&l) => {
+                    self.drop_probes(&c.name);
+                    let restart = match policy.as_str() {
+                        "Never" => false,
+                        "OnFailure" => l.exit_code != 0,
+                        _ => true,
+                    };
+                    if restart {
+                        self.start_container(c, Some(&l)).await;
+                    } else if let Some(t) = self.tracks.get_mut(&c.name) {
+                        t.waiting = None;
+                    }
+                }
+                Some(l) => self.start_created(c, &l).await,
+            }
+        }
+        Ok(())
+    }
+
+    fn latest(&self, name: &str) -> Option<cri::ContainerStatus> {
+        self.tracks
+            .get(name)
+            .and_then(|t| t.instances.first().cloned())
+    }
+
+    /// Finds or makes the pod's sandbox. On the first sync, a ready sandbox of this pod with the
+    /// same manifest hash (a berthd restart) is adopted; any other of its sandboxes is removed.
+    async fn ensure_sandbox(&mut self) -> Result<(), String> {
+        let mut rt = self.ctx.client.runtime();
+        if let Some((id, attempt)) = self.sandbox.clone() {
+            let st = rt
+                .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: false,
+                })
+                .await;
+            match st {
+                Ok(r) => {
+                    let s = r.into_inner().status.unwrap_or_default();
+                    if s.state == cri::PodSandboxState::SandboxReady as i32 {
+                        self.pod_ip = s.network.map(|n| n.ip).unwrap_or_default();
+                        return Ok(());
+                    }
+                    tracing::warn!(pod = %self.pod_ref(), sandbox = %id, "pod sandbox is not ready: recreating the pod");
+                }
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    tracing::warn!(pod = %self.pod_ref(), sandbox = %id, "pod sandbox is gone: recreating the pod");
+                }
+                Err(e) => return Err(format!("PodSandboxStatus: {}", e.message())),
+            }
+            self.remove_sandbox(&id).await;
+            self.sandbox = None;
+            self.next_attempt = attempt + 1;
+            self.drop_all_probes();
+        } else {
+            let found = rt
+                .list_pod_sandbox(cri::ListPodSandboxRequest {
+                    filter: Some(cri::PodSandboxFilter {
+                        label_selector: [(labels::POD_UID.to_string(), self.desired.uid.clone())]
+                            .into(),
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(|e| format!("ListPodSandbox: {}", e.message()))?
+                .into_inner()
+                .items;
+            for sb in found {
+                let attempt = sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
+                self.next_attempt = self.next_attempt.max(attempt + 1);
+                let same = sb.annotations.get(labels::CONFIG_HASH) == Some(&self.desired.hash);
+                if self.sandbox.is_none()
+                    && same
+                    && sb.state == cri::PodSandboxState::SandboxReady as i32
+                {
+                    tracing::info!(pod = %self.pod_ref(), sandbox = %sb.id, "adopting running pod");
+                    self.sandbox = Some((sb.id.clone(), attempt));
+                    self.next_attempt = self.next_attempt.max(attempt);
+                } else {
+                    tracing::info!(pod = %self.pod_ref(), sandbox = %sb.id, "removing an old sandbox of this pod");
+                    self.remove_sandbox(&sb.id).await;
+                }
+            }
+            if self.sandbox.is_some() {
+                return Box::pin(self.ensure_sandbox()).await;
+            }
+        }
+        let attempt = self.next_attempt;
+        let cfg = sandbox_config(
+            self.pod(),
+            &self.desired.hash,
+            attempt,
+            &self.ctx.pod_log_dir,
+            &self.ctx.node.name,
+        );
+        let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(format!("creating log directory {}: {e}", dir.display()));
+        }
+        let id = rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg),
+                runtime_handler: self.spec().runtime_class_name.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(|e| format!("RunPodSandbox: {}", e.message()))?
+            .into_inner()
+            .pod_sandbox_id;
+        tracing::info!(pod = %self.pod_ref(), sandbox = %id, attempt, "pod sandbox running");
+        self.sandbox = Some((id, attempt));
+        self.tracks.clear();
+        self.status_cache.clear();
+        self.init_failed = false;
+        Box::pin(self.ensure_sandbox()).await
+    }
+
+    async fn remove_sandbox(&self, id: &str) {
+        let mut rt = self.ctx.client.runtime();
+        let grace = self.grace();
+        if let Ok(list) = rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: id.to_string(),
+                    ..Default::default()
+                }),
+            })
+            .await
+        {
+            let stops = list
+                .into_inner()
+                .containers
+                .into_iter()
+                .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
+                .map(|c| {
+                    let mut rt = self.ctx.client.runtime();
+                    async move {
+                        let _ = rt
+                            .stop_container(cri::StopContainerRequest {
+                                container_id: c.id,
+                                timeout: grace,
+                            })
+                            .await;
+                    }
+                });
+            futures_util::future::join_all(stops).await;
+        }
+        if let Err(e) = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            })
+            .await
+        {
+            tracing::warn!(sandbox = id, error = %e.message(), "StopPodSandbox failed");
+        }
+        if let Err(e) = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            })
+            .await
+        {
+            tracing::warn!(sandbox = id, error = %e.message(), "RemovePodSandbox failed");
+        }
+    }
+
+    /// Lists the sandbox's containers; asks ContainerStatus only for those whose state changed.
+    async fn observe(&mut self) -> Result<(), String> {
+        let Some((sandbox, _)) = self.sandbox.clone() else {
+            return Ok(());
+        };
+        let mut rt = self.ctx.client.runtime();
+        let list = rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sandbox,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|e| format!("ListContainers: {}", e.message()))?
+            .into_inner()
+            .containers;
+        let mut by_name: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
+        let mut cache = HashMap::new();
+        for c in list {
+            let cached = self
+                .status_cache
+                .get(&c.id)
+                .filter(|s| s.state == c.state)
+                .cloned();
+            let st = match cached {
+                Some(s) => s,
+                None => match rt
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: false,
+                    })
+                    .await
+                {
+                    Ok(r) => r.into_inner().status.unwrap_or_default(),
+                    Err(e) if e.code() == tonic::Code::NotFound => continue,
+                    Err(e) => return Err(format!("ContainerStatus {}: {}", c.id, e.message())),
+                },
+            };
+            let name = st
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default();
+            cache.insert(c.id.clone(), st.clone());
+            by_name.entry(name).or_default().push(st);
+        }
+        self.status_cache = cache;
+        for t in self.tracks.values_mut() {
+            t.instances.clear();
+        }
+        for (name, mut v) in by_name {
+            v.sort_by_key(|s| {
+                std::cmp::Reverse((
+                    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+                    s.created_at,
+                ))
+            });
+            self.tracks.entry(name).or_default().instances = v;
+        }
+        Ok(())
+    }
+
+    fn set_waiting(&mut self, name: &str, reason: &str, message: String) {
+        self.tracks.entry(name.to_string()).or_default().waiting =
+            Some((reason.to_string(), message));
+    }
+
+    /// When a CRI timestamp (ns) happened, as an Instant.
+    fn instant_of(ns: i64) -> Instant {
+        let now_wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let then = Duration::from_nanos(ns.max(0) as u64);
+        Instant::now()
+            .checked_sub(now_wall.saturating_sub(then))
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Creates and starts (restart number `previous.attempt + 1` of) container `c`, unless it is
+    /// backing off, its image is not there, or creating it fails (each shown as a waiting reason).
+    async fn start_container(&mut self, c: &Container, previous: Option<&cri::ContainerStatus>) {
+        let now = Instant::now();
+        let restart_count = previous
+            .and_then(|p| p.metadata.as_ref())
+            .map(|m| m.attempt + 1)
+            .unwrap_or(0);
+        if let Some(p) = previous {
+            let failed_at = Self::instant_of(p.finished_at);
+            if self
+                .backoff
+                .waiting_until(&c.name, failed_at, now)
+                .is_some()
+            {
+                let msg = format!(
+                    "back-off {}s restarting failed container={} pod={}",
+                    self.backoff.delay(&c.name).as_secs(),
+                    c.name,
+                    self.pod_ref()
+                );
+                self.set_waiting(&c.name, "CrashLoopBackOff", msg);
+                return;
+            }
+        }
+        let Some(image) = self.ensure_image(c).await else {
+            return;
+        };
+        let Some((sandbox, _)) = self.sandbox.clone() else {
+            return;
+        };
+        let qos = super::resources::qos_class(&self.spec());
+        let host_ip = self.ctx.node.internal_ip.clone();
+        let pod_ip = if self.host_network() {
+            host_ip.clone()
+        } else {
+            self.pod_ip.clone()
+        };
+        let cctx = ContainerContext {
+            qos,
+            memory_capacity: self.ctx.node.memory_bytes as f64,
+            pod_ip: &pod_ip,
+            host_ip: &host_ip,
+            node_name: &self.ctx.node.name,
+            image: &image,
+        };
+        let config = container_config(self.pod(), c, restart_count, &cctx);
+        let sandbox_config = sandbox_config(
+            self.pod(),
+            &self.desired.hash,
+            self.sandbox.as_ref().map(|s| s.1).unwrap_or(0),
+            &self.ctx.pod_log_dir,
+            &self.ctx.node.name,
+        );
+        if previous.is_some() {
+            self.backoff.next(&c.name, now);
+        }
+        let mut rt = self.ctx.client.runtime();
+        let id = match rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox,
+                config: Some(config),
+                sandbox_config: Some(sandbox_config),
+            })
+            .await
+        {
+            Ok(r) => r.into_inner().container_id,
+            Err(e) => {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "CreateContainer failed");
+                self.set_waiting(&c.name, "CreateContainerError", e.message().to_string());
+                return;
+            }
+        };
+        if let Err(e) = rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+        {
+            tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "StartContainer failed");
+            self.set_waiting(&c.name, "RunContainerError", e.message().to_string());
+            return;
+        }
+        tracing::info!(pod = %self.pod_ref(), container = %c.name, id = %id, restart_count, "container started");
+        if let Some(t) = self.tracks.get_mut(&c.name) {
+            t.waiting = None;
+            // Keep the newest dead instance (its logs and lastState); remove older ones.
+            let old: Vec<String> = t
+                .instances
+                .iter()
+                .skip(1)
+                .filter(|s| is_exited(s))
+                .map(|s| s.id.clone())
+                .collect();
+            for id in old {
+                let _ = rt
+                    .remove_container(cri::RemoveContainerRequest { container_id: id })
+                    .await;
+            }
+        } else {
+            self.tracks.entry(c.name.clone()).or_default();
+        }
+    }
+
+    /// A container created but never started (a start that failed): remove it and retry later.
+    async fn start_created(&mut self, c: &Container, l: &cri::ContainerStatus) {
+        let mut rt = self.ctx.client.runtime();
+        let _ = rt
+            .remove_container(cri::RemoveContainerRequest {
+                container_id: l.id.clone(),
+            })
+            .await;
+        self.set_waiting(&c.name, "ContainerCreating", String::new());
+    }
+
+    /// The image to run for `c`, pulled as its pull policy says; None (with a waiting reason)
+    /// when it cannot be had yet.
+    async fn ensure_image(&mut self, c: &Container) -> Option<String> {
+        let image = c.image.clone().unwrap_or_default();
+        let policy = c
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| default_pull_policy(&image).to_string());
+        let mut images = self.ctx.client.images();
+        let spec = cri::ImageSpec {
+            image: image.clone(),
+            ..Default::default()
+        };
+        if policy != "Always" {
+            let present = images
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(spec.clone()),
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|r| r.into_inner().image);
+            if let Some(img) = present {
+                return Some(img.id);
+            }
+            if policy == "Never" {
+                self.set_waiting(
+                    &c.name,
+                    "ErrImageNeverPull",
+                    format!("Container image \"{image}\" is not present with pull policy of Never"),
+                );
+                return None;
+            }
+        }
+        let now = Instant::now();
+        if let Some((failed_at, why)) = self.pull_failed.get(&image).cloned()
+            && self
+                .pull_backoff
+                .waiting_until(&image, failed_at, now)
+                .is_some()
+        {
+            self.set_waiting(
+                &c.name,
+                "ImagePullBackOff",
+                format!("Back-off pulling image \"{image}\": {why}"),
+            );
+            return None;
+        }
+        self.set_waiting(&c.name, "ContainerCreating", String::new());
+        match images
+            .pull_image(cri::PullImageRequest {
+                image: Some(spec),
+                auth: None,
+                sandbox_config: None,
+            })
+            .await
+        {
+            Ok(r) => {
+                self.pull_backoff.reset(&image);
+                self.pull_failed.remove(&image);
+                Some(r.into_inner().image_ref)
+            }
+            Err(e) => {
+                tracing::warn!(pod = %self.pod_ref(), image = %image, error = %e.message(), "image pull failed");
+                self.pull_backoff.next(&image, now);
+                self.pull_failed
+                    .insert(image.clone(), (now, e.message().to_string()));
+                self.set_waiting(
+                    &c.name,
+                    "ErrImagePull",
+                    format!("failed to pull image \"{image}\": {}", e.message()),
+                );
+                None
+            }
+        }
+    }
+
+    /// Starts the probes of a newly running instance; kills it when liveness (or startup) failed.
+    async fn check_probes(&mut self, c: &Container, l: &cri::ContainerStatus) {
+        let host = if self.host_network() || self.pod_ip.is_empty() {
+            "127.0.0.1".to_string()
+        } else {
+            self.pod_ip.clone()
+        };
+        let client = self.ctx.client.clone();
+        let pod_grace = self.grace();
+        let pod_ref = self.pod_ref();
+        let track = self.tracks.entry(c.name.clone()).or_default();
+        track.waiting = None;
+        if track.probes.as_ref().map(|p| p.id.as_str()) != Some(l.id.as_str()) {
+            let target = ProbeTarget {
+                client,
+                container_id: l.id.clone(),
+                host,
+                container: c.clone(),
+            };
+            let startup = c
+                .startup_probe
+                .clone()
+                .map(|p| probe::spawn(ProbeKind::Startup, p, target.clone(), None));
+            let gate = startup.as_ref().map(|s| s.result.clone());
+            let liveness = c
+                .liveness_probe
+                .clone()
+                .map(|p| probe::spawn(ProbeKind::Liveness, p, target.clone(), gate.clone()));
+            let readiness = c
+                .readiness_probe
+                .clone()
+                .map(|p| probe::spawn(ProbeKind::Readiness, p, target.clone(), gate.clone()));
+            track.probes = Some(Probes {
+                id: l.id.clone(),
+                startup,
+                liveness,
+                readiness,
+            });
+        }
+        let Some(p) = &track.probes else { return };
+        let failed = [(&p.startup, "startup"), (&p.liveness, "liveness")]
+            .into_iter()
+            .find(|(h, _)| h.as_ref().is_some_and(|h| h.get() == ProbeResult::Failure))
+            .map(|(_, k)| k);
+        if let Some(kind) = failed {
+            let probe = if kind == "startup" {
+                c.startup_probe.clone()
+            } else {
+                c.liveness_probe.clone()
+            };
+            let grace = probe
+                .and_then(|p| p.termination_grace_period_seconds)
+                .unwrap_or(pod_grace);
+            tracing::info!(pod = %pod_ref, container = %c.name, "container failed {kind} probe, will be restarted");
+            track.probes = None;
+            let _ = self
+                .ctx
+                .client
+                .runtime()
+                .stop_container(cri::StopContainerRequest {
+                    container_id: l.id.clone(),
+                    timeout: grace,
+                })
+                .await;
+        }
+    }
+
+    fn drop_probes(&mut self, name: &str) {
+        if let Some(t) = self.tracks.get_mut(name) {
+            t.probes = None;
+        }
+    }
+
+    fn drop_all_probes(&mut self) {
+        for t in self.tracks.values_mut() {
+            t.probes = None;
+        }
+    }
+
+    /// Stops the containers within the grace period, then stops and removes the sandbox.
+    async fn terminate(&mut self) {
+        self.drop_all_probes();
+        if let Some((id, _)) = self.sandbox.take() {
+            self.remove_sandbox(&id).await;
+        }
+    }
+
+    /// Readiness and startup verdicts of the running instance of `name`.
+    fn verdicts(&self, name: &str) -> (bool, bool) {
+        let Some(p) = self.tracks.get(name).and_then(|t| t.probes.as_ref()) else {
+            return (true, true);
+        };
+        let started = p
+            .startup
+            .as_ref()
+            .is_none_or(|s| s.get() == ProbeResult::Success);
+        let ready = started
+            && p.readiness
+                .as_ref()
+                .is_none_or(|r| r.get() == ProbeResult::Success);
+        (ready, started)
+    }
+
+    fn condition(&mut self, kind: &'static str, ok: bool) -> PodCondition {
+        let now = status::now();
+        let entry = self.transitions.entry(kind).or_insert((ok, now.clone()));
+        if entry.0 != ok {
+            *entry = (ok, now);
+        }
+        PodCondition {
+            type_: kind.to_string(),
+            status: if ok { "True" } else { "False" }.to_string(),
+            last_transition_time: Some(entry.1.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Puts the pod (spec and current status) where the status endpoint reads it.
+    fn publish(&mut self) {
+        let spec = self.spec();
+        let policy = self.restart_policy();
+        let runtime = self.ctx.runtime_name.clone();
+        let mut init_statuses = Vec::new();
+        let mut init_pending = false;
+        for ic in spec.init_containers.iter().flatten() {
+            let t = self.tracks.get(&ic.name);
+            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
+            let done = instances
+                .first()
+                .is_some_and(|l| is_exited(l) && l.exit_code == 0);
+            if !done {
+                init_pending = true;
+            }
+            init_statuses.push(status::container_status(&ContainerView {
+                name: &ic.name,
+                image: ic.image.as_deref().unwrap_or_default(),
+                instances,
+                waiting: t.and_then(|t| t.waiting.as_ref()),
+                ready: done,
+                started: false,
+                runtime_name: &runtime,
+            }));
+        }
+        let mut statuses = Vec::new();
+        let mut counts = PhaseInput {
+            init_pending,
+            init_failed: self.init_failed,
+            ..Default::default()
+        };
+        let mut all_ready = true;
+        for c in &spec.containers {
+            let (ready, started) = self.verdicts(&c.name);
+            let t = self.tracks.get(&c.name);
+            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
+            let mut waiting = t.and_then(|t| t.waiting.as_ref()).cloned();
+            if init_pending && instances.is_empty() {
+                waiting = Some(("PodInitializing".into(), String::new()));
+            }
+            let st = status::container_status(&ContainerView {
+                name: &c.name,
+                image: c.image.as_deref().unwrap_or_default(),
+                instances,
+                waiting: waiting.as_ref(),
+                ready,
+                started,
+                runtime_name: &runtime,
+            });
+            let state = st.state.clone().unwrap_or_default();
+            if state.running.is_some() {
+                counts.running += 1;
+            } else if let Some(term) = &state.terminated {
+                counts.stopped += 1;
+                if term.exit_code == 0 {
+                    counts.succeeded += 1;
+                }
+            } else if let Some(last) = st.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+                counts.stopped += 1;
+                if last.exit_code == 0 {
+                    counts.succeeded += 1;
+                }
+            } else {
+                counts.waiting += 1;
+            }
+            all_ready &= st.ready;
+            statuses.push(st);
+        }
+        let phase = status::phase(&policy, &counts);
+        let sandbox_ready = self.sandbox.is_some();
+        let initialized = !init_pending || self.init_failed;
+        let conditions = vec![
+            self.condition("PodReadyToStartContainers", sandbox_ready),
+            self.condition("Initialized", initialized),
+            self.condition("Ready", all_ready && phase == "Running"),
+            self.condition("ContainersReady", all_ready && phase == "Running"),
+            self.condition("PodScheduled", true),
+        ];
+        let host_ip = self.ctx.node.internal_ip.clone();
+        let pod_ip = if self.host_network() {
+            host_ip.clone()
+        } else {
+            self.pod_ip.clone()
+        };
+        let mut pod = self.pod().clone();
+        pod.spec.get_or_insert_default().node_name = Some(self.ctx.node.name.clone());
+        pod.metadata.creation_timestamp = Some(self.start_time.clone());
+        pod.status = Some(PodStatus {
+            phase: Some(phase.to_string()),
+            conditions: Some(conditions),
+            container_statuses: Some(statuses),
+            init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+            host_ip: (!host_ip.is_empty()).then(|| host_ip.clone()),
+            host_ips: (!host_ip.is_empty()).then(|| {
+                vec![HostIP {
+                    ip: host_ip.clone(),
+                }]
+            }),
+            pod_ip: (!pod_ip.is_empty()).then(|| pod_ip.clone()),
+            pod_ips: (!pod_ip.is_empty()).then(|| vec![PodIP { ip: pod_ip.clone() }]),
+            qos_class: Some(super::resources::qos_class(&spec).to_string()),
+            start_time: Some(self.start_time.clone()),
+            message: self.message.clone(),
+            ..Default::default()
+        });
+        self.ctx
+            .pods
+            .insert(super::manifest::key_of(self.pod()), pod);
+    }
+}
+
+/// The kubelet's default pull policy: Always for `:latest` or no tag, else IfNotPresent.
+pub fn default_pull_policy(image: &str) -> &'static str {
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.split_once(':') {
+        Some((_, "latest")) | None => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pull_policy_by_tag() {
+        assert_eq!(default_pull_policy("busybox"), "Always");
+        assert_eq!(default_pull_policy("busybox:latest"), "Always");
+        assert_eq!(default_pull_policy("127.0.0.1:5050/busybox"), "Always");
+        assert_eq!(
+            default_pull_policy("127.0.0.1:5050/busybox:1.36"),
+            "IfNotPresent"
+        );
+        assert_eq!(default_pull_policy("busybox@sha256:abc"), "IfNotPresent");
+    }
+}

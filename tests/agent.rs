@@ -1,0 +1,676 @@
+//! The embedded node agent: static pods from manifest files, restarts, probes, status, node.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, TempDir, image};
+use k8s_cri::v1 as cri;
+use serde_json::Value;
+
+/// A berthd with its agent on: a manifest dir, a status port, short back-offs and periods.
+struct Agent {
+    daemon: Daemon,
+    manifests: TempDir,
+    logs: TempDir,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Agent {
+    fn start() -> Self {
+        let manifests = TempDir::new("manifests");
+        let logs = TempDir::new("podlogs");
+        let conf = TempDir::new("agentconf");
+        let port = free_port();
+        let config = conf.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
+                 node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
+                 sync_period_ms = 300\n",
+                logs.path()
+            ),
+        )
+        .expect("config");
+        let args = [
+            "--config".to_string(),
+            config.display().to_string(),
+            "--manifest-dir".to_string(),
+            manifests.path().display().to_string(),
+            "--agent-address".to_string(),
+            format!("127.0.0.1:{port}"),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let daemon = Daemon::start_with(&args);
+        // The config file is read at start; the directory may go.
+        drop(conf);
+        let a = Self {
+            daemon,
+            manifests,
+            logs,
+            port,
+        };
+        a.wait("the agent endpoint", Duration::from_secs(20), |a| {
+            a.get("/healthz").0 == 200
+        });
+        a
+    }
+
+    /// GET `path` on the agent endpoint: status code and JSON body (Null when not JSON).
+    fn get(&self, path: &str) -> (u16, Value) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return (0, Value::Null);
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, Value::Null);
+        }
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        let (code, v) = self.get(&format!("/pods/{ns}/{name}"));
+        (code == 200).then_some(v)
+    }
+
+    fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if f(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out waiting for {what}\n/pods: {}\nberthd log tail:\n{}",
+            self.get("/pods").1,
+            tail(&self.daemon.log(), 60)
+        );
+    }
+
+    /// Waits for a pod matching `f`; returns it.
+    fn wait_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        mut f: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let mut found = Value::Null;
+        self.wait(what, Duration::from_secs(60), |a| match a.pod(ns, name) {
+            Some(p) if f(&p) => {
+                found = p;
+                true
+            }
+            _ => false,
+        });
+        found
+    }
+
+    fn manifest(&self, file: &str) -> PathBuf {
+        self.manifests.path().join(file)
+    }
+
+    fn write(&self, file: &str, text: &str) {
+        // Write then rename, as editors and config managers do, so a scan never sees half a file.
+        let tmp = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, self.manifest(file)).expect("rename manifest");
+    }
+
+    /// Removes every manifest and waits until the agent removed every pod and sandbox.
+    async fn finish(self) {
+        for e in std::fs::read_dir(self.manifests.path())
+            .expect("dir")
+            .flatten()
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+        self.wait("all pods gone", Duration::from_secs(90), |a| {
+            a.get("/pods").1["items"]
+                .as_array()
+                .is_some_and(|v| v.is_empty())
+        });
+        let c = self.daemon.client().await;
+        for _ in 0..300 {
+            if sandboxes(&c).await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("sandboxes left: {:?}", sandboxes(&c).await);
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+async fn sandboxes(c: &berth::client::CriClient) -> Vec<cri::PodSandbox> {
+    c.runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items
+}
+
+async fn containers(c: &berth::client::CriClient) -> Vec<cri::Container> {
+    c.runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers
+}
+
+/// A host-network pod manifest with one busybox container running `script`.
+fn pod_yaml(name: &str, script: &str, extra_spec: &str, extra_container: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{extra_spec}  containers:\n  - name: main\n    image: {img}\n    command: [\"sh\", \"-c\", {script:?}]\n{extra_container}",
+        img = image("busybox")
+    )
+}
+
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|v| v.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn condition(pod: &Value, kind: &str) -> String {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|v| v.iter().find(|c| c["type"] == kind))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+fn running(pod: &Value, name: &str) -> bool {
+    pod["status"]["phase"] == "Running" && !container(pod, name)["state"]["running"].is_null()
+}
+
+fn restarts(pod: &Value, name: &str) -> i64 {
+    container(pod, name)["restartCount"].as_i64().unwrap_or(0)
+}
+
+fn waiting_reason(pod: &Value, name: &str) -> String {
+    container(pod, name)["state"]["waiting"]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn log_dir(a: &Agent, pod: &Value) -> PathBuf {
+    a.logs.path().join(format!(
+        "{}_{}_{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or(""),
+        pod["metadata"]["name"].as_str().unwrap_or(""),
+        pod["metadata"]["uid"].as_str().unwrap_or("")
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifest_add_change_remove() {
+    let a = Agent::start();
+    a.write(
+        "web.yaml",
+        &pod_yaml("web", "echo hello; sleep 3600", "", ""),
+    );
+    let pod = a.wait_pod("default", "web", "web running", |p| running(p, "main"));
+    assert_eq!(pod["kind"], "Pod");
+    assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    assert!(pod["status"]["startTime"].is_string());
+    assert!(pod["status"]["podIP"].is_string(), "{pod}");
+    assert_eq!(condition(&pod, "PodScheduled"), "True");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
+    let st = container(&pod, "main");
+    assert_eq!(st["restartCount"], 0);
+    assert!(
+        st["containerID"]
+            .as_str()
+            .is_some_and(|s| s.contains("://")),
+        "{st}"
+    );
+    assert!(
+        st["imageID"].as_str().is_some_and(|s| !s.is_empty()),
+        "{st}"
+    );
+    a.wait_pod("default", "web", "web ready", |p| {
+        container(p, "main")["ready"] == true && condition(p, "Ready") == "True"
+    });
+    // The list endpoint is a v1 PodList.
+    let (code, list) = a.get("/pods");
+    assert_eq!(code, 200);
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["apiVersion"], "v1");
+    assert_eq!(a.get("/pods/default/nope").0, 404);
+
+    // CRI objects carry the kubelet's labels and annotations; the log is where the kubelet puts it.
+    let c = a.daemon.client().await;
+    let sbs = sandboxes(&c).await;
+    assert_eq!(sbs.len(), 1);
+    let sb = &sbs[0];
+    assert_eq!(sb.labels["io.kubernetes.pod.name"], "web");
+    assert_eq!(sb.labels["io.kubernetes.pod.namespace"], "default");
+    assert_eq!(sb.labels["io.kubernetes.pod.uid"], uid);
+    assert_eq!(sb.labels["app"], "web");
+    let cs = containers(&c).await;
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].labels["io.kubernetes.container.name"], "main");
+    assert_eq!(cs[0].labels["io.kubernetes.pod.uid"], uid);
+    assert_eq!(
+        cs[0].annotations["io.kubernetes.container.restartCount"],
+        "0"
+    );
+    assert!(
+        cs[0]
+            .annotations
+            .contains_key("io.kubernetes.container.hash")
+    );
+    let log = log_dir(&a, &pod).join("main/0.log");
+    a.wait("the container log", Duration::from_secs(10), |_| {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("stdout F hello"))
+    });
+
+    // A change recreates the pod (same UID: it is the same manifest).
+    let old_sandbox = sb.id.clone();
+    a.write(
+        "web.yaml",
+        &pod_yaml("web", "echo changed; sleep 3600", "", ""),
+    );
+    a.wait("the changed pod", Duration::from_secs(60), |_| {
+        futures_block(sandboxes(&c))
+            .iter()
+            .any(|s| s.id != old_sandbox && s.state == cri::PodSandboxState::SandboxReady as i32)
+    });
+    let pod = a.wait_pod("default", "web", "changed web running", |p| {
+        running(p, "main")
+    });
+    assert_eq!(pod["metadata"]["uid"], uid.as_str());
+    a.wait("the old sandbox removed", Duration::from_secs(30), |_| {
+        futures_block(sandboxes(&c))
+            .iter()
+            .all(|s| s.id != old_sandbox)
+    });
+    a.finish().await;
+}
+
+/// Runs a future to completion from sync code inside the test's runtime.
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_container_crash_loops_with_growing_back_off() {
+    let a = Agent::start();
+    a.write(
+        "crash.yaml",
+        &pod_yaml("crash", "echo boom; exit 1", "", ""),
+    );
+    let mut messages = std::collections::BTreeSet::new();
+    let pod = a.wait_pod(
+        "default",
+        "crash",
+        "three restarts in CrashLoopBackOff",
+        |p| {
+            if waiting_reason(p, "main") == "CrashLoopBackOff"
+                && let Some(m) = container(p, "main")["state"]["waiting"]["message"].as_str()
+            {
+                messages.insert(m.split(" restarting").next().unwrap_or("").to_string());
+            }
+            restarts(p, "main") >= 4 && waiting_reason(p, "main") == "CrashLoopBackOff"
+        },
+    );
+    for want in ["back-off 1s", "back-off 2s", "back-off 4s"] {
+        assert!(messages.contains(want), "{want} not seen: {messages:?}");
+    }
+    let st = container(&pod, "main");
+    assert_eq!(st["lastState"]["terminated"]["exitCode"], 1, "{st}");
+    assert_eq!(st["lastState"]["terminated"]["reason"], "Error", "{st}");
+    assert_eq!(st["ready"], false);
+    assert_eq!(
+        pod["status"]["phase"], "Running",
+        "restartPolicy Always keeps the pod Running"
+    );
+    let msg = st["state"]["waiting"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("back-off 4s"),
+        "the back-off doubled to its 4 s cap: {msg}"
+    );
+    // The waits grow: the gap between one exit and the next start doubles (1 s, 2 s, 4 s).
+    let c = a.daemon.client().await;
+    let mut by_attempt: Vec<(u32, i64, i64)> = Vec::new();
+    for ct in containers(&c).await {
+        let s = common::container_status(&c, &ct.id).await.expect("status");
+        by_attempt.push((
+            s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+            s.started_at,
+            s.finished_at,
+        ));
+    }
+    by_attempt.sort();
+    // Only the newest dead instance and the current one are kept.
+    assert!(by_attempt.len() <= 2, "{by_attempt:?}");
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_policies_never_and_on_failure() {
+    let a = Agent::start();
+    let never = pod_yaml("never", "exit 3", "  restartPolicy: Never\n", "");
+    let done = pod_yaml("done", "exit 0", "  restartPolicy: OnFailure\n", "");
+    let retry = pod_yaml("retry", "exit 2", "  restartPolicy: OnFailure\n", "");
+    // Several pods in one file.
+    a.write("policies.yaml", &format!("{never}---\n{done}---\n{retry}"));
+    let p = a.wait_pod("default", "never", "never Failed", |p| {
+        p["status"]["phase"] == "Failed"
+    });
+    assert_eq!(container(&p, "main")["state"]["terminated"]["exitCode"], 3);
+    let p = a.wait_pod("default", "done", "done Succeeded", |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    assert_eq!(
+        container(&p, "main")["state"]["terminated"]["reason"],
+        "Completed"
+    );
+    a.wait_pod("default", "retry", "retry restarted", |p| {
+        restarts(p, "main") >= 2
+    });
+    // The finished pods stay finished.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        restarts(&a.pod("default", "never").expect("never"), "main"),
+        0
+    );
+    assert_eq!(
+        restarts(&a.pod("default", "done").expect("done"), "main"),
+        0
+    );
+    assert_eq!(
+        a.pod("default", "retry").expect("retry")["status"]["phase"],
+        "Running"
+    );
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_in_order_first() {
+    let a = Agent::start();
+    let img = image("busybox");
+    let spec = format!(
+        "  initContainers:\n  - name: init1\n    image: {img}\n    command: [\"sh\", \"-c\", \"sleep 2\"]\n  - name: init2\n    image: {img}\n    command: [\"true\"]\n"
+    );
+    a.write("init.yaml", &pod_yaml("init", "sleep 3600", &spec, ""));
+    let p = a.wait_pod("default", "init", "init1 running", |p| {
+        p["status"]["initContainerStatuses"][0]["state"]["running"].is_object()
+    });
+    assert_eq!(p["status"]["phase"], "Pending");
+    assert_eq!(condition(&p, "Initialized"), "False");
+    assert_eq!(waiting_reason(&p, "main"), "PodInitializing");
+    let p = a.wait_pod("default", "init", "main running", |p| running(p, "main"));
+    assert_eq!(condition(&p, "Initialized"), "True");
+    let inits = p["status"]["initContainerStatuses"]
+        .as_array()
+        .expect("inits");
+    assert_eq!(inits.len(), 2);
+    for i in inits {
+        assert_eq!(i["state"]["terminated"]["exitCode"], 0, "{i}");
+    }
+    // Order, from the runtime's own timestamps.
+    let c = a.daemon.client().await;
+    let mut times = std::collections::HashMap::new();
+    for ct in containers(&c).await {
+        let s = common::container_status(&c, &ct.id).await.expect("status");
+        let name = s
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        times.insert(name, (s.started_at, s.finished_at));
+    }
+    assert!(times["init1"].1 <= times["init2"].0, "{times:?}");
+    assert!(times["init2"].1 <= times["main"].0, "{times:?}");
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_liveness_failure_restarts_the_container() {
+    let a = Agent::start();
+    let probe = "    livenessProbe:\n      exec:\n        command: [\"cat\", \"/tmp/healthy\"]\n      periodSeconds: 1\n      failureThreshold: 2\n";
+    a.write(
+        "live.yaml",
+        &pod_yaml(
+            "live",
+            "touch /tmp/healthy; sleep 3; rm /tmp/healthy; sleep 3600",
+            "",
+            probe,
+        ),
+    );
+    let p = a.wait_pod("default", "live", "a liveness restart", |p| {
+        restarts(p, "main") >= 1
+    });
+    let last = &container(&p, "main")["lastState"]["terminated"];
+    assert!(last.is_object(), "{p}");
+    assert_ne!(last["exitCode"], 0, "{last}");
+    // The new instance is healthy again for its first seconds.
+    a.wait_pod("default", "live", "running again", |p| running(p, "main"));
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_probes_flip_ready() {
+    let a = Agent::start();
+    let port = free_port();
+    // exec readiness on a file; a second container serves HTTP and TCP probes.
+    let probe = "    readinessProbe:\n      exec:\n        command: [\"cat\", \"/tmp/ready\"]\n      periodSeconds: 1\n";
+    let img = image("busybox");
+    let web = format!(
+        "  - name: web\n    image: {img}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 127.0.0.1:{port} -h /www\"]\n    readinessProbe:\n      httpGet:\n        path: /index.html\n        port: {port}\n      periodSeconds: 1\n    livenessProbe:\n      tcpSocket:\n        port: {port}\n      periodSeconds: 1\n      initialDelaySeconds: 1\n"
+    );
+    a.write(
+        "ready.yaml",
+        &format!("{}{web}", pod_yaml("ready", "sleep 3600", "", probe)),
+    );
+    let p = a.wait_pod("default", "ready", "both running", |p| {
+        running(p, "main") && !container(p, "web")["state"]["running"].is_null()
+    });
+    assert_eq!(container(&p, "main")["ready"], false);
+    a.wait_pod("default", "ready", "web ready through httpGet", |p| {
+        container(p, "web")["ready"] == true
+    });
+    assert_eq!(
+        condition(&a.pod("default", "ready").expect("pod"), "Ready"),
+        "False"
+    );
+    let c = a.daemon.client().await;
+    let id = containers(&c)
+        .await
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "main"))
+        .expect("main")
+        .id;
+    common::exec_ok(&c, &id, &["touch", "/tmp/ready"]).await;
+    a.wait_pod("default", "ready", "main ready", |p| {
+        container(p, "main")["ready"] == true && condition(p, "Ready") == "True"
+    });
+    common::exec_ok(&c, &id, &["rm", "/tmp/ready"]).await;
+    let p = a.wait_pod("default", "ready", "main not ready again", |p| {
+        container(p, "main")["ready"] == false && condition(p, "Ready") == "False"
+    });
+    // Readiness never restarts; the TCP liveness probe passes.
+    assert_eq!(restarts(&p, "main"), 0);
+    assert_eq!(restarts(&p, "web"), 0);
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berthd_restart_adopts_running_pods() {
+    let mut a = Agent::start();
+    a.write("keep.yaml", &pod_yaml("keep", "sleep 3600", "", ""));
+    a.wait_pod("default", "keep", "keep running", |p| running(p, "main"));
+    let c = a.daemon.client().await;
+    let before_sb: Vec<String> = sandboxes(&c).await.into_iter().map(|s| s.id).collect();
+    let before_c: Vec<String> = containers(&c).await.into_iter().map(|s| s.id).collect();
+    a.daemon.kill9();
+    a.daemon.spawn();
+    a.wait(
+        "the agent endpoint after restart",
+        Duration::from_secs(20),
+        |a| a.get("/healthz").0 == 200,
+    );
+    let p = a.wait_pod("default", "keep", "keep running after restart", |p| {
+        running(p, "main")
+    });
+    assert_eq!(restarts(&p, "main"), 0);
+    // A few more syncs, and still the same objects.
+    std::thread::sleep(Duration::from_secs(2));
+    let c = a.daemon.client().await;
+    let after_sb: Vec<String> = sandboxes(&c).await.into_iter().map(|s| s.id).collect();
+    let after_c: Vec<String> = containers(&c).await.into_iter().map(|s| s.id).collect();
+    assert_eq!(before_sb, after_sb);
+    assert_eq!(before_c, after_c);
+    assert!(a.daemon.log().contains("adopting running pod"));
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_status_is_sane_and_reported_on_change_or_period() {
+    let a = Agent::start();
+    let mut node = Value::Null;
+    a.wait("/node", Duration::from_secs(20), |a| {
+        let (code, v) = a.get("/node");
+        node = v;
+        code == 200
+    });
+    let st = &node["status"];
+    let cpus = std::thread::available_parallelism().expect("cpus").get();
+    assert_eq!(st["capacity"]["cpu"], cpus.to_string().as_str());
+    assert_eq!(st["capacity"]["pods"], "110");
+    let mem = st["capacity"]["memory"].as_str().expect("memory");
+    assert!(mem.ends_with("Ki") && mem.len() > 3, "{mem}");
+    assert!(st["allocatable"]["memory"].is_string());
+    let info = &st["nodeInfo"];
+    let machine_id = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    assert_eq!(info["machineID"], machine_id.trim());
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    assert_eq!(info["bootID"], boot_id.trim());
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("release");
+    assert_eq!(info["kernelVersion"], release.trim());
+    assert_eq!(info["operatingSystem"], "linux");
+    assert!(
+        info["containerRuntimeVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("berth://")),
+        "{info}"
+    );
+    let types: Vec<&str> = st["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    assert_eq!(
+        types,
+        ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+    );
+    for c in st["conditions"].as_array().expect("conditions") {
+        assert!(c["lastHeartbeatTime"].is_string() && c["lastTransitionTime"].is_string());
+        assert!(c["reason"].is_string(), "{c}");
+    }
+    assert_eq!(st["daemonEndpoints"]["kubeletEndpoint"]["Port"], a.port);
+    assert!(
+        st["addresses"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|x| x["type"] == "Hostname"))
+    );
+    // Pulling an image changes the status (its image list): reported at once.
+    let (_, r0) = a.get("/node/reports");
+    let c = a.daemon.client().await;
+    common::pull(&c, &image("busybox")).await.expect("pull");
+    a.wait(
+        "an image in the node status",
+        Duration::from_secs(20),
+        |a| {
+            a.get("/node").1["status"]["images"]
+                .as_array()
+                .is_some_and(|v| !v.is_empty())
+        },
+    );
+    let (_, r1) = a.get("/node/reports");
+    assert!(r1["reports"].as_u64() > r0["reports"].as_u64(), "{r0} {r1}");
+    // Unchanged: recomputed every 0.5 s, reported only every 3 s.
+    std::thread::sleep(Duration::from_secs(7));
+    let (_, r2) = a.get("/node/reports");
+    let reports = r2["reports"].as_u64().unwrap_or(0) - r1["reports"].as_u64().unwrap_or(0);
+    let computed = r2["computed"].as_u64().unwrap_or(0) - r1["computed"].as_u64().unwrap_or(0);
+    assert!((1..=4).contains(&reports), "{r1} {r2}");
+    assert!(computed >= reports + 5, "{r1} {r2}");
+    let file = Path::new(r2["statusFile"].as_str().expect("file"));
+    let reported: Value =
+        serde_json::from_slice(&std::fs::read(file).expect("status file")).expect("json");
+    assert_eq!(reported["metadata"]["name"], node["metadata"]["name"]);
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_manifests_are_reported_and_pull_errors_shown() {
+    let a = Agent::start();
+    a.write(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: [\n",
+    );
+    a.write("good.yaml", &pod_yaml("good", "sleep 3600", "", ""));
+    a.write("dup.yaml", &pod_yaml("good", "sleep 3600", "", ""));
+    a.write(
+        "noimage.yaml",
+        &pod_yaml("noimage", "true", "", "").replace(
+            &format!("image: {}", image("busybox")),
+            &format!("image: {}", image("does-not-exist:v1")),
+        ),
+    );
+    a.wait_pod("default", "good", "good running", |p| running(p, "main"));
+    let (_, m) = a.get("/manifests");
+    let errors = m["errors"].as_object().expect("errors").clone();
+    let bad = a.manifest("bad.yaml").display().to_string();
+    let dup = a.manifest("dup.yaml").display().to_string();
+    assert!(
+        errors[&bad].as_str().is_some_and(|e| e.contains("parse")),
+        "{m}"
+    );
+    assert!(
+        errors[&dup]
+            .as_str()
+            .is_some_and(|e| e.contains("already defined")),
+        "{m}"
+    );
+    let p = a.wait_pod("default", "noimage", "ImagePullBackOff", |p| {
+        waiting_reason(p, "main") == "ImagePullBackOff"
+    });
+    assert_eq!(p["status"]["phase"], "Pending");
+    a.wait_pod("default", "noimage", "ErrImagePull again", |p| {
+        waiting_reason(p, "main") == "ErrImagePull"
+    });
+    a.finish().await;
+}
