@@ -276,9 +276,14 @@ async fn version_speaks_v1_and_v1alpha2() {
         .expect("remove unknown");
     let err = c
         .runtime()
-        .exec(cri::ExecRequest::default())
+        .exec(cri::ExecRequest {
+            container_id: "ghost".into(),
+            cmd: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        })
         .await
-        .expect_err("streaming is not built");
+        .expect_err("unknown container");
     assert_eq!(err.code(), tonic::Code::NotFound);
 }
 
