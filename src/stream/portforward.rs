@@ -180,9 +180,11 @@ async fn forward_spdy(server: &StreamServer, sandbox: &str, err: spdy::Stream, d
         }
         tx.close().await;
     };
-    // The forward ends when the pod side closes (all its data sent) or when the client
-    // closed its side and the pod answered everything.
-    tokio::join!(to_pod, from_pod);
+    // The forward ends when the pod closes its side (after answering a client that closed
+    // its own); what the client still sends then has nowhere to go.
+    let to_pod = tokio::spawn(to_pod);
+    from_pod.await;
+    to_pod.abort();
     err.tx.close().await;
 }
 
