@@ -14,6 +14,8 @@ struct Agent {
     daemon: Daemon,
     manifests: TempDir,
     logs: TempDir,
+    /// Holds the config file (read again when the test restarts berthd).
+    _conf: TempDir,
     port: u16,
 }
 
@@ -49,12 +51,11 @@ impl Agent {
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let daemon = Daemon::start_with(&args);
-        // The config file is read at start; the directory may go.
-        drop(conf);
         let a = Self {
             daemon,
             manifests,
             logs,
+            _conf: conf,
             port,
         };
         a.wait("the agent endpoint", Duration::from_secs(20), |a| {
@@ -642,6 +643,8 @@ async fn bad_manifests_are_reported_and_pull_errors_shown() {
         "apiVersion: v1\nkind: Pod\nmetadata: {name: [\n",
     );
     a.write("good.yaml", &pod_yaml("good", "sleep 3600", "", ""));
+    a.wait_pod("default", "good", "good running", |p| running(p, "main"));
+    // A second file with the same pod (sorting before the first) is refused.
     a.write("dup.yaml", &pod_yaml("good", "sleep 3600", "", ""));
     a.write(
         "noimage.yaml",
@@ -650,21 +653,26 @@ async fn bad_manifests_are_reported_and_pull_errors_shown() {
             &format!("image: {}", image("does-not-exist:v1")),
         ),
     );
-    a.wait_pod("default", "good", "good running", |p| running(p, "main"));
-    let (_, m) = a.get("/manifests");
+    let mut m = Value::Null;
+    a.wait("the manifest errors", Duration::from_secs(10), |a| {
+        m = a.get("/manifests").1;
+        m["errors"].as_object().is_some_and(|e| e.len() == 2)
+    });
     let errors = m["errors"].as_object().expect("errors").clone();
     let bad = a.manifest("bad.yaml").display().to_string();
     let dup = a.manifest("dup.yaml").display().to_string();
-    assert!(
-        errors[&bad].as_str().is_some_and(|e| e.contains("parse")),
-        "{m}"
-    );
-    assert!(
-        errors[&dup]
-            .as_str()
-            .is_some_and(|e| e.contains("already defined")),
-        "{m}"
-    );
+    let error_of = |f: &str| {
+        errors
+            .get(f)
+            .and_then(|e| e.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(error_of(&bad).contains("parse"), "{m}");
+    assert!(error_of(&dup).contains("already defined"), "{m}");
+    let p = a.pod("default", "good").expect("good");
+    assert_eq!(restarts(&p, "main"), 0);
+    assert!(running(&p, "main"));
     let p = a.wait_pod("default", "noimage", "ImagePullBackOff", |p| {
         waiting_reason(p, "main") == "ImagePullBackOff"
     });

@@ -44,8 +44,10 @@ pub enum ManifestError {
 }
 
 /// Reads every manifest in `dir` (files whose names do not start with a dot, in name order).
-/// A missing directory is an empty scan.
-pub fn scan(dir: &Path) -> Scan {
+/// A missing directory is an empty scan. A pod defined by two files belongs to the file that
+/// `owners` says already has it (the file that was there first), else to the first by name;
+/// the other file is refused.
+pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>) -> Scan {
     let mut out = Scan::default();
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
@@ -62,6 +64,8 @@ pub fn scan(dir: &Path) -> Scan {
         }
     };
     files.sort();
+    // Files that own a pod already are read first, so they keep it.
+    files.sort_by_key(|f| !owners.values().any(|o| o == f));
     for file in files {
         let text = match std::fs::read_to_string(&file) {
             Ok(t) => t,
@@ -265,6 +269,21 @@ mod tests {
     fn several_pods_per_file_with_stable_uids() {
         let f = Path::new("/m/two.yaml");
         let pods = parse(f, TWO).expect("parse");
+        let dir = std::env::temp_dir().join(format!("berth-manifest-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("b.yaml"), TWO).expect("write");
+        std::fs::write(dir.join("a.yaml"), TWO).expect("write");
+        let s = scan(&dir, &BTreeMap::new());
+        assert_eq!(s.pods.len(), 2);
+        assert!(s.errors.contains_key(&dir.join("b.yaml")));
+        let owners = s
+            .pods
+            .keys()
+            .map(|k| (k.clone(), dir.join("b.yaml")))
+            .collect();
+        let s = scan(&dir, &owners);
+        assert!(s.errors.contains_key(&dir.join("a.yaml")), "{:?}", s.errors);
+        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(pods.len(), 2);
         assert_eq!(key_of(&pods[0].pod), ("default".into(), "a".into()));
         assert_eq!(key_of(&pods[1].pod), ("kube-system".into(), "b".into()));

@@ -28,7 +28,11 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
     let mut first = true;
     loop {
         let d = dir.clone();
-        let scan = match tokio::task::spawn_blocking(move || manifest::scan(&d)).await {
+        let owners: BTreeMap<PodKey, PathBuf> = desired
+            .iter()
+            .map(|(k, v)| (k.clone(), v.file.clone()))
+            .collect();
+        let scan = match tokio::task::spawn_blocking(move || manifest::scan(&d, &owners)).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "manifest scan panicked");
