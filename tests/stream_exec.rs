@@ -419,3 +419,89 @@ async fn a_client_that_disconnects_leaves_no_process_behind() {
     }
     remove_pod(&c, &pod).await;
 }
+
+/// p50 and p99 of `v` (milliseconds).
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    (at(0.50), at(0.99))
+}
+
+/// Benchmark driver for hack/bench-stream.sh against any CRI socket (BENCH_ENDPOINT): ExecSync
+/// of `true` and a streaming exec of `true` over SPDY (p50/p99 over BENCH_N), then port-forward
+/// download throughput of BENCH_MIB MiB from BENCH_PF_PORT in pod BENCH_POD (a server there
+/// writes that many bytes per connection). Prints one JSON line.
+#[tokio::test]
+#[ignore = "benchmark: run by hack/bench-stream.sh"]
+async fn bench_stream() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let endpoint = var("BENCH_ENDPOINT");
+    let container = var("BENCH_CONTAINER");
+    let pod = var("BENCH_POD");
+    let n: usize = var("BENCH_N").parse().expect("BENCH_N");
+    let mib: usize = var("BENCH_MIB").parse().expect("BENCH_MIB");
+    let port: i32 = var("BENCH_PF_PORT").parse().expect("BENCH_PF_PORT");
+    let c = berth::client::CriClient::connect(std::path::Path::new(&endpoint))
+        .await
+        .expect("connect");
+    let mut sync = Vec::with_capacity(n);
+    let mut streamed = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let r = exec(&c, &container, &["true"], 10).await.expect("ExecSync");
+        assert_eq!(r.exit_code, 0);
+        sync.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let url = exec_url(&c, &container, &["true"], (false, true, false, false))
+            .await
+            .expect("Exec");
+        let (mut s, _) = Spdy::connect(&url, &["v4.channel.k8s.io"]).await;
+        let err = s.open(&[("streamType", "error")]).await;
+        let out = s.open(&[("streamType", "stdout")]).await;
+        assert!(
+            s.read_until(T, |s| s.fin.contains(&err) && s.fin.contains(&out))
+                .await
+        );
+        let st = s.text(err);
+        assert!(st.is_empty() || st.contains("Success"), "{st}");
+        streamed.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let url = c
+        .runtime()
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod.clone(),
+            port: vec![port],
+        })
+        .await
+        .expect("PortForward")
+        .into_inner()
+        .url;
+    let (mut s, _) = Spdy::connect(&url, &["portforward.k8s.io"]).await;
+    let t = std::time::Instant::now();
+    let p = port.to_string();
+    let e = s
+        .open(&[("streamType", "error"), ("port", &p), ("requestID", "0")])
+        .await;
+    s.send(e, b"", true).await;
+    let d = s
+        .open(&[("streamType", "data"), ("port", &p), ("requestID", "0")])
+        .await;
+    let want = mib << 20;
+    let got = s
+        .read_bytes_until_fin(d, want, Duration::from_secs(300))
+        .await;
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(got, want, "port-forward bytes");
+    let (s50, s99) = percentiles(sync);
+    let (e50, e99) = percentiles(streamed);
+    println!(
+        "{}",
+        serde_json::json!({
+            "execsync_p50_ms": s50, "execsync_p99_ms": s99,
+            "exec_stream_p50_ms": e50, "exec_stream_p99_ms": e99,
+            "portforward_mib_s": (got as f64 / (1 << 20) as f64) / secs,
+        })
+    );
+}

@@ -101,39 +101,6 @@ fn conn_alive(conn: &mut UnixStream) -> bool {
     }
 }
 
-/// Writes a process spec for a tty exec: the container's own process with `args`, `env` and
-/// `cwd` replaced and a terminal.
-fn tty_process_file(
-    bundle: &Path,
-    dir: &Path,
-    seq: u64,
-    x: &pb::ExecStreamRequest,
-) -> Result<PathBuf, ShimError> {
-    let config = bundle.join("config.json");
-    let text = fs::read(&config).ctx(|| format!("read {}", config.display()))?;
-    let spec: serde_json::Value = serde_json::from_slice(&text)
-        .map_err(|e| ShimError::Precondition(format!("{}: {e}", config.display())))?;
-    let mut process = spec
-        .get("process")
-        .cloned()
-        .ok_or_else(|| ShimError::Precondition(format!("{}: no process", config.display())))?;
-    process["args"] = serde_json::json!(x.args);
-    process["terminal"] = serde_json::Value::Bool(true);
-    if !x.env.is_empty() {
-        process["env"] = serde_json::json!(x.env);
-    }
-    if !x.cwd.is_empty() {
-        process["cwd"] = serde_json::Value::String(x.cwd.clone());
-    }
-    // The console size is set by the caller's first resize.
-    if let Some(p) = process.as_object_mut() {
-        p.remove("consoleSize");
-    }
-    let path = dir.join(format!(".exec-{}-{seq}.json", std::process::id()));
-    fs::write(&path, process.to_string()).ctx(|| format!("write {}", path.display()))?;
-    Ok(path)
-}
-
 impl Streams {
     /// Descriptors to poll for readability.
     pub fn poll_fds(&self, add: &mut impl FnMut(RawFd, StreamSlot)) {
@@ -318,14 +285,17 @@ impl Streams {
         state_root: &Path,
         x: &pb::ExecStreamRequest,
     ) -> Result<Started, ShimError> {
-        let process = tty_process_file(ctr.bundle(), state_root, self.seq, x)?;
+        let spec = crate::exec_process::load_spec(ctr.bundle())?;
+        let cwd = (!x.cwd.is_empty()).then(|| PathBuf::from(&x.cwd));
+        let process = crate::exec_process::exec_process(&spec, x.args.clone(), &x.env, cwd, true)?;
+        let file = crate::exec_process::ProcessFile::write(state_root, &process)?;
         let console = ConsoleSocket::bind(&state_root.join(format!(
             ".exec-console-{}-{}.sock",
             std::process::id(),
             self.seq
         )));
         let result = console.and_then(|console| {
-            let pid = ctr.exec_with_console(&process, console.path())?;
+            let pid = ctr.exec_with_console(file.path(), console.path())?;
             match console.receive_master_wait(std::time::Duration::from_secs(5)) {
                 Ok(master) => Ok((pid, master)),
                 Err(e) => {
@@ -335,7 +305,7 @@ impl Streams {
                 }
             }
         });
-        let _ = fs::remove_file(&process);
+        drop(file);
         let (pid, master) = result?;
         let pidfd = with_pidfd(pid)?;
         Ok((pid, pidfd, vec![("pty", master)]))

@@ -194,6 +194,34 @@ impl Spdy {
         }
     }
 
+    /// Counts (and drops) the bytes of stream `id` until its FIN, `max` bytes or `limit`.
+    pub async fn read_bytes_until_fin(&mut self, id: u32, max: usize, limit: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut n = 0;
+        while n < max {
+            match tokio::time::timeout_at(deadline, spdy::read_frame(&mut self.rd)).await {
+                Ok(Ok(Some(spdy::Frame::Data {
+                    stream,
+                    flags,
+                    data,
+                }))) if stream == id => {
+                    n += data.len();
+                    if flags & spdy::FLAG_FIN != 0 {
+                        break;
+                    }
+                }
+                Ok(Ok(Some(spdy::Frame::Control {
+                    kind: 2, payload, ..
+                }))) => {
+                    let _ = spdy::parse_syn(&mut self.z_in, 2, &payload);
+                }
+                Ok(Ok(Some(_))) => {}
+                _ => break,
+            }
+        }
+        n
+    }
+
     pub fn text(&self, id: u32) -> String {
         String::from_utf8_lossy(self.data.get(&id).map(Vec::as_slice).unwrap_or(&[])).to_string()
     }
