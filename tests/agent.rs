@@ -682,3 +682,35 @@ async fn bad_manifests_are_reported_and_pull_errors_shown() {
     });
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_hooks_run_and_logs_go_with_the_pod() {
+    let a = Agent::start();
+    let hooks = "    lifecycle:\n      postStart:\n        exec:\n          command: [\"sh\", \"-c\", \"echo poststart-ran > /proc/1/fd/1\"]\n      preStop:\n        exec:\n          command: [\"sh\", \"-c\", \"echo prestop-ran > /proc/1/fd/1; sleep 3\"]\n";
+    a.write(
+        "hooks.yaml",
+        &pod_yaml("hooks", "echo started; sleep 3600", "", hooks).replace(
+            "terminationGracePeriodSeconds: 1",
+            "terminationGracePeriodSeconds: 10",
+        ),
+    );
+    let pod = a.wait_pod("default", "hooks", "hooks running", |p| running(p, "main"));
+    let log = log_dir(&a, &pod).join("main/0.log");
+    a.wait(
+        "the postStart hook's output",
+        Duration::from_secs(20),
+        |_| std::fs::read_to_string(&log).is_ok_and(|t| t.contains("poststart-ran")),
+    );
+    std::fs::remove_file(a.manifest("hooks.yaml")).expect("remove manifest");
+    a.wait("the preStop hook's output", Duration::from_secs(20), |_| {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("prestop-ran"))
+    });
+    a.wait("the pod gone", Duration::from_secs(30), |a| {
+        a.pod("default", "hooks").is_none()
+    });
+    assert!(
+        !log_dir(&a, &pod).exists(),
+        "the pod's log directory is removed with it"
+    );
+    a.finish().await;
+}

@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod config;
 pub mod container_config;
+pub mod hooks;
 pub mod labels;
 pub mod manifest;
 pub mod node;

@@ -40,7 +40,8 @@ pub struct ProbeTarget {
     pub client: CriClient,
     /// The container probed.
     pub container_id: String,
-    /// Address of the pod's network: the pod IP, or 127.0.0.1 for host-network pods.
+    /// Address of the pod's network: the pod IP, or 127.0.0.1 for host-network pods; empty
+    /// when the pod has no IP.
     pub host: String,
     /// The container (for named ports).
     pub container: Container,
@@ -143,7 +144,7 @@ async fn run(
 }
 
 /// One probe attempt.
-async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), String> {
+pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), String> {
     if let Some(exec) = &probe.exec {
         let cmd = exec.command.clone().unwrap_or_default();
         let r = t
@@ -169,7 +170,7 @@ async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), S
     }
     if let Some(tcp) = &probe.tcp_socket {
         let port = resolve_port(&tcp.port, &t.container)?;
-        let host = tcp.host.clone().unwrap_or_else(|| t.host.clone());
+        let host = target_host(tcp.host.as_ref(), t)?;
         tokio::net::TcpStream::connect((host.as_str(), port))
             .await
             .map_err(|e| format!("dial {host}:{port}: {e}"))?;
@@ -180,7 +181,7 @@ async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), S
             return Err("HTTPS probes are not supported yet".into());
         }
         let port = resolve_port(&http.port, &t.container)?;
-        let host = http.host.clone().unwrap_or_else(|| t.host.clone());
+        let host = target_host(http.host.as_ref(), t)?;
         let path = http.path.clone().unwrap_or_else(|| "/".into());
         let headers: Vec<(String, String)> = http
             .http_headers
@@ -199,6 +200,15 @@ async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), S
         return Err("gRPC probes are not supported yet".into());
     }
     Err("probe has no handler".into())
+}
+
+/// The probe's own host, else the pod's address.
+fn target_host(own: Option<&String>, t: &ProbeTarget) -> Result<String, String> {
+    match own.filter(|h| !h.is_empty()) {
+        Some(h) => Ok(h.clone()),
+        None if t.host.is_empty() => Err("the pod has no IP address (no pod network)".into()),
+        None => Ok(t.host.clone()),
+    }
 }
 
 /// A container port by number or by name.

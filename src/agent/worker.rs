@@ -110,6 +110,58 @@ impl PodWorker {
             .max(0)
     }
 
+    /// Where probes and hooks reach the pod: loopback for host-network pods, else the pod IP
+    /// (empty without a pod network: network handlers then fail instead of reaching the host).
+    fn probe_host(&self) -> String {
+        if self.host_network() {
+            "127.0.0.1".to_string()
+        } else {
+            self.pod_ip.clone()
+        }
+    }
+
+    fn target(&self, c: &Container, id: &str) -> ProbeTarget {
+        ProbeTarget {
+            client: self.ctx.client.clone(),
+            container_id: id.to_string(),
+            host: self.probe_host(),
+            container: c.clone(),
+        }
+    }
+
+    /// Runs the container's preStop hook (if any) within `grace` seconds, then stops it with
+    /// what is left of the grace period.
+    async fn stop_with_hook(&self, c: Option<&Container>, id: &str, grace: i64) {
+        let started = Instant::now();
+        if let Some(c) = c
+            && let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
+        {
+            let budget = Duration::from_secs(grace.max(0) as u64);
+            if let Err(e) = super::hooks::run(h, &self.target(c, id), budget).await {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "preStop hook failed");
+            }
+        }
+        let left = grace - started.elapsed().as_secs() as i64;
+        // The kubelet gives at least 2 s after a hook that used the whole period.
+        let timeout = if left < 2 && started.elapsed() > Duration::from_millis(100) {
+            2
+        } else {
+            left.max(0)
+        };
+        if let Err(e) = self
+            .ctx
+            .client
+            .runtime()
+            .stop_container(cri::StopContainerRequest {
+                container_id: id.to_string(),
+                timeout,
+            })
+            .await
+        {
+            tracing::warn!(pod = %self.pod_ref(), container = id, error = %e.message(), "StopContainer failed");
+        }
+    }
+
     fn pod_ref(&self) -> String {
         let m = &self.pod().metadata;
         format!(
@@ -144,6 +196,13 @@ impl PodWorker {
         }
         tracing::info!(pod = %pod, "terminating pod");
         self.terminate().await;
+        // The pod is gone for good: so are its logs (the kubelet removes them too).
+        let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's log directory");
+        }
         self.ctx.pods.remove(&super::manifest::key_of(self.pod()));
         tracing::info!(pod = %pod, "pod removed");
     }
@@ -311,20 +370,26 @@ impl PodWorker {
             })
             .await
         {
+            let spec = self.spec();
             let stops = list
                 .into_inner()
                 .containers
                 .into_iter()
                 .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
                 .map(|c| {
-                    let mut rt = self.ctx.client.runtime();
+                    let name = c
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default();
+                    let container = spec
+                        .containers
+                        .iter()
+                        .chain(spec.init_containers.iter().flatten())
+                        .find(|s| s.name == name)
+                        .cloned();
                     async move {
-                        let _ = rt
-                            .stop_container(cri::StopContainerRequest {
-                                container_id: c.id,
-                                timeout: grace,
-                            })
-                            .await;
+                        self.stop_with_hook(container.as_ref(), &c.id, grace).await;
                     }
                 });
             futures_util::future::join_all(stops).await;
@@ -510,6 +575,13 @@ impl PodWorker {
             return;
         }
         tracing::info!(pod = %self.pod_ref(), container = %c.name, id = %id, restart_count, "container started");
+        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let budget = Duration::from_secs(self.grace().max(30) as u64);
+            if let Err(e) = super::hooks::run(h, &self.target(c, &id), budget).await {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "postStart hook failed: killing the container");
+                self.stop_with_hook(None, &id, self.grace()).await;
+            }
+        }
         if let Some(t) = self.tracks.get_mut(&c.name) {
             t.waiting = None;
             // Keep the newest dead instance (its logs and lastState); remove older ones.
@@ -620,23 +692,12 @@ impl PodWorker {
 
     /// Starts the probes of a newly running instance; kills it when liveness (or startup) failed.
     async fn check_probes(&mut self, c: &Container, l: &cri::ContainerStatus) {
-        let host = if self.host_network() || self.pod_ip.is_empty() {
-            "127.0.0.1".to_string()
-        } else {
-            self.pod_ip.clone()
-        };
-        let client = self.ctx.client.clone();
+        let target = self.target(c, &l.id);
         let pod_grace = self.grace();
         let pod_ref = self.pod_ref();
         let track = self.tracks.entry(c.name.clone()).or_default();
         track.waiting = None;
         if track.probes.as_ref().map(|p| p.id.as_str()) != Some(l.id.as_str()) {
-            let target = ProbeTarget {
-                client,
-                container_id: l.id.clone(),
-                host,
-                container: c.clone(),
-            };
             let startup = c
                 .startup_probe
                 .clone()
@@ -673,15 +734,7 @@ impl PodWorker {
                 .unwrap_or(pod_grace);
             tracing::info!(pod = %pod_ref, container = %c.name, "container failed {kind} probe, will be restarted");
             track.probes = None;
-            let _ = self
-                .ctx
-                .client
-                .runtime()
-                .stop_container(cri::StopContainerRequest {
-                    container_id: l.id.clone(),
-                    timeout: grace,
-                })
-                .await;
+            self.stop_with_hook(Some(c), &l.id, grace).await;
         }
     }
 
