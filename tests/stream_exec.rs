@@ -505,3 +505,34 @@ async fn bench_stream() {
         })
     );
 }
+
+#[tokio::test]
+async fn idle_sessions_are_closed_after_the_configured_timeout() {
+    let dir = TempDir::new("stream-idle");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "[stream]\nidle_timeout_secs = 1\n").expect("config");
+    let d = Daemon::start_with(&["--config", cfg.to_str().expect("utf-8")]);
+    let (c, pod, id) = setup(&d, "idle", "sleep 1000", false, false).await;
+    let url = exec_url(&c, &id, &["sleep", "4343"], (false, true, false, false))
+        .await
+        .expect("Exec");
+    let (mut s, _) = Spdy::connect(&url, &["v4.channel.k8s.io"]).await;
+    s.open(&[("streamType", "error")]).await;
+    s.open(&[("streamType", "stdout")]).await;
+    let t = std::time::Instant::now();
+    assert!(s.read_to_end(T).await, "the server closes an idle session");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let mut gone = false;
+    for _ in 0..50 {
+        if !exec_ok(&c, &id, &["ps", "-o", "args"])
+            .await
+            .contains("sleep 4343")
+        {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the idle session's process was killed");
+    remove_pod(&c, &pod).await;
+}

@@ -448,6 +448,25 @@ fn tls_acceptor(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn idle_resolves_only_after_a_quiet_period() {
+        let a = Activity::default();
+        a.touch();
+        let t = Instant::now();
+        let ticker = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    a.touch();
+                }
+            })
+        };
+        a.idle(Duration::from_millis(60)).await;
+        assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+        ticker.await.expect("ticker");
+    }
+
     #[test]
     fn tokens_are_single_use_and_expire() {
         let t = Tokens {
