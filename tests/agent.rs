@@ -1,5 +1,6 @@
 //! The embedded node agent: static pods from manifest files, restarts, probes, status, node.
 
+mod cni_support;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,11 @@ fn free_port() -> u16 {
 
 impl Agent {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// With extra berthd flags (e.g. a CNI conf dir).
+    fn start_with(extra: &[String]) -> Self {
         let manifests = TempDir::new("manifests");
         let logs = TempDir::new("podlogs");
         let conf = TempDir::new("agentconf");
@@ -49,7 +55,7 @@ impl Agent {
             "--agent-address".to_string(),
             format!("127.0.0.1:{port}"),
         ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().chain(extra).map(String::as_str).collect();
         let daemon = Daemon::start_with(&args);
         let a = Self {
             daemon,
@@ -712,5 +718,45 @@ async fn lifecycle_hooks_run_and_logs_go_with_the_pod() {
         !log_dir(&a, &pod).exists(),
         "the pod's log directory is removed with it"
     );
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_network_pods_are_probed_at_their_pod_ip() {
+    let net = cni_support::TestNet::new("agent");
+    net.bridge_up();
+    net.write("10-test.conflist", &net.standard());
+    let a = Agent::start_with(&net.daemon_args());
+    let probes = "    ports:\n    - containerPort: 8080\n      name: http\n    readinessProbe:\n      httpGet:\n        path: /index.html\n        port: http\n      periodSeconds: 1\n    livenessProbe:\n      tcpSocket:\n        port: 8080\n      periodSeconds: 1\n";
+    a.write(
+        "netpod.yaml",
+        &pod_yaml(
+            "netpod",
+            "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www",
+            "",
+            probes,
+        )
+        .replace("  hostNetwork: true\n", ""),
+    );
+    let p = a.wait_pod("default", "netpod", "netpod ready", |p| {
+        container(p, "main")["ready"] == true && condition(p, "Ready") == "True"
+    });
+    let ip = p["status"]["podIP"].as_str().expect("pod IP").to_string();
+    assert!(
+        ip.starts_with(&format!("{}.", net.prefix)),
+        "{ip} not in {}",
+        net.subnet()
+    );
+    assert_ne!(p["status"]["podIP"], p["status"]["hostIP"]);
+    assert_eq!(restarts(&p, "main"), 0);
+    // With a pod network the node is Ready.
+    a.wait("node Ready", Duration::from_secs(20), |a| {
+        a.get("/node").1["status"]["conditions"]
+            .as_array()
+            .is_some_and(|v| {
+                v.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+    });
     a.finish().await;
 }
