@@ -463,7 +463,11 @@ mod tests {
             })
         };
         a.idle(Duration::from_millis(60)).await;
-        assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
         ticker.await.expect("ticker");
     }
 
