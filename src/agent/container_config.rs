@@ -91,10 +91,38 @@ pub fn container_config(
                 readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
                 supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
                 no_new_privs: !privileged && sc.allow_privilege_escalation == Some(false),
+                seccomp: Some(seccomp(
+                    sc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()),
+                )),
                 ..Default::default()
             }),
         }),
         ..Default::default()
+    }
+}
+
+/// Where `Localhost` seccomp profiles live (the kubelet's directory, so existing nodes' profiles work).
+pub const SECCOMP_ROOT: &str = "/var/lib/kubelet/seccomp";
+
+/// A v1 seccomp profile as CRI's; none is Unconfined, as the kubelet sends it by default.
+pub fn seccomp(p: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri::SecurityProfile {
+    use cri::security_profile::ProfileType;
+    match p.map(|p| (p.type_.as_str(), p.localhost_profile.as_deref())) {
+        Some(("RuntimeDefault", _)) => cri::SecurityProfile {
+            profile_type: ProfileType::RuntimeDefault as i32,
+            localhost_ref: String::new(),
+        },
+        Some(("Localhost", Some(path))) => cri::SecurityProfile {
+            profile_type: ProfileType::Localhost as i32,
+            localhost_ref: std::path::Path::new(SECCOMP_ROOT)
+                .join(path)
+                .display()
+                .to_string(),
+        },
+        _ => cri::SecurityProfile {
+            profile_type: ProfileType::Unconfined as i32,
+            localhost_ref: String::new(),
+        },
     }
 }
 
@@ -195,4 +223,84 @@ fn field_value(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_carries_labels_env_resources_and_security() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "hostNetwork": true,
+                "securityContext": {"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "c", "image": "busybox",
+                    "command": ["sh"], "args": ["-c", "true"],
+                    "env": [
+                        {"name": "A", "value": "x"},
+                        {"name": "B", "value": "$(A)-$$(A)"},
+                        {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                    ],
+                    "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
+                }]
+            }
+        }))
+        .expect("pod");
+        let c = &pod.spec.as_ref().expect("spec").containers[0];
+        let ctx = ContainerContext {
+            qos: "Guaranteed",
+            memory_capacity: 1e9,
+            pod_ip: "10.0.0.5",
+            host_ip: "10.0.0.1",
+            node_name: "n",
+            image: "sha256:abc",
+        };
+        let cfg = container_config(&pod, c, 3, &ctx);
+        assert_eq!(cfg.metadata.as_ref().map(|m| m.attempt), Some(3));
+        assert_eq!(cfg.log_path, "c/3.log");
+        assert_eq!(cfg.labels[labels::POD_UID], "u1");
+        assert_eq!(cfg.labels[labels::CONTAINER_NAME], "c");
+        assert_eq!(cfg.annotations[labels::RESTART_COUNT], "3");
+        let env: std::collections::HashMap<_, _> = cfg
+            .envs
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+            .collect();
+        assert_eq!(env["B"], "x-$(A)");
+        assert_eq!(env["N"], "p");
+        assert_eq!(env["IP"], "10.0.0.5");
+        let linux = cfg.linux.expect("linux");
+        let r = linux.resources.expect("resources");
+        assert_eq!(
+            (r.cpu_quota, r.cpu_period, r.cpu_shares),
+            (50_000, 100_000, 512)
+        );
+        assert_eq!(r.memory_limit_in_bytes, 64 << 20);
+        assert_eq!(r.oom_score_adj, -997);
+        let sc = linux.security_context.expect("security context");
+        assert_eq!(sc.run_as_user.map(|u| u.value), Some(1000));
+        assert!(sc.no_new_privs);
+        assert_eq!(
+            sc.capabilities.expect("caps").drop_capabilities,
+            vec!["ALL"]
+        );
+        assert_eq!(
+            sc.seccomp.map(|s| s.profile_type),
+            Some(cri::security_profile::ProfileType::RuntimeDefault as i32)
+        );
+        assert_eq!(
+            sc.namespace_options.map(|n| n.network),
+            Some(cri::NamespaceMode::Node as i32)
+        );
+        assert_eq!(
+            seccomp(None).profile_type,
+            cri::security_profile::ProfileType::Unconfined as i32
+        );
+    }
 }

@@ -79,6 +79,9 @@ pub fn sandbox_config(
                 run_as_user: psc.run_as_user.map(|v| cri::Int64Value { value: v }),
                 run_as_group: psc.run_as_group.map(|v| cri::Int64Value { value: v }),
                 supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                seccomp: Some(super::container_config::seccomp(
+                    psc.seccomp_profile.as_ref(),
+                )),
                 ..Default::default()
             }),
             sysctls,
