@@ -17,6 +17,7 @@ pub mod sandbox_config;
 pub mod server;
 pub mod sources;
 pub mod status;
+pub mod watch;
 pub mod worker;
 
 use std::path::PathBuf;

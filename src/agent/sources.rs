@@ -26,6 +26,8 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
     let mut desired: BTreeMap<PodKey, DesiredPod> = BTreeMap::new();
     let mut last_errors = BTreeMap::new();
     let mut first = true;
+    let wake = Arc::new(tokio::sync::Notify::new());
+    super::watch::spawn(dir.clone(), wake.clone());
     loop {
         let d = dir.clone();
         let owners: BTreeMap<PodKey, PathBuf> = desired
@@ -88,7 +90,13 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
                 },
             );
         }
-        tokio::time::sleep(period).await;
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = wake.notified() => {
+                // Let a burst of events (an editor's save) settle into one rescan.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 }
 

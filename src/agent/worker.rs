@@ -53,7 +53,13 @@ pub struct PodWorker {
     transitions: HashMap<&'static str, (bool, Time)>,
     init_failed: bool,
     message: Option<String>,
+    sandbox_failed: Option<Instant>,
+    /// The last sync started or stopped something.
+    acted: bool,
 }
+
+/// Back-off key of sandbox creation (container names cannot contain '/').
+const SANDBOX_KEY: &str = "/sandbox";
 
 impl PodWorker {
     /// A worker for `desired` (nothing runs until [`PodWorker::run`]).
@@ -74,6 +80,8 @@ impl PodWorker {
             transitions: HashMap::new(),
             init_failed: false,
             message: None,
+            sandbox_failed: None,
+            acted: false,
         }
     }
 
@@ -181,10 +189,20 @@ impl PodWorker {
             if *stop.borrow() {
                 break;
             }
-            match self.sync().await {
+            self.acted = false;
+            let synced = self.sync().await;
+            if self.acted {
+                // Show what was just started (or stopped) now, not a sync period later.
+                if let Err(e) = self.observe().await {
+                    tracing::debug!(pod = %pod, error = %e, "observing after a sync");
+                }
+            }
+            match synced {
                 Ok(()) => self.message = None,
                 Err(e) => {
-                    tracing::warn!(pod = %pod, error = %e, "pod sync failed");
+                    if self.message.as_ref() != Some(&e) {
+                        tracing::warn!(pod = %pod, error = %e, "pod sync failed");
+                    }
                     self.message = Some(e);
                 }
             }
@@ -330,6 +348,18 @@ impl PodWorker {
             }
         }
         let attempt = self.next_attempt;
+        let now = Instant::now();
+        if let Some(failed_at) = self.sandbox_failed
+            && self
+                .backoff
+                .waiting_until(SANDBOX_KEY, failed_at, now)
+                .is_some()
+        {
+            return Err(self
+                .message
+                .clone()
+                .unwrap_or_else(|| "RunPodSandbox failed".into()));
+        }
         let cfg = sandbox_config(
             self.pod(),
             &self.desired.hash,
@@ -347,9 +377,16 @@ impl PodWorker {
                 runtime_handler: self.spec().runtime_class_name.clone().unwrap_or_default(),
             })
             .await
-            .map_err(|e| format!("RunPodSandbox: {}", e.message()))?
+            .map_err(|e| {
+                // Retried with back-off, as container restarts are.
+                self.backoff.next(SANDBOX_KEY, now);
+                self.sandbox_failed = Some(now);
+                format!("RunPodSandbox: {}", e.message())
+            })?
             .into_inner()
             .pod_sandbox_id;
+        self.backoff.reset(SANDBOX_KEY);
+        self.sandbox_failed = None;
         tracing::info!(pod = %self.pod_ref(), sandbox = %id, attempt, "pod sandbox running");
         self.sandbox = Some((id, attempt));
         self.tracks.clear();
@@ -575,6 +612,7 @@ impl PodWorker {
             return;
         }
         tracing::info!(pod = %self.pod_ref(), container = %c.name, id = %id, restart_count, "container started");
+        self.acted = true;
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let budget = Duration::from_secs(self.grace().max(30) as u64);
             if let Err(e) = super::hooks::run(h, &self.target(c, &id), budget).await {
@@ -735,6 +773,7 @@ impl PodWorker {
             tracing::info!(pod = %pod_ref, container = %c.name, "container failed {kind} probe, will be restarted");
             track.probes = None;
             self.stop_with_hook(Some(c), &l.id, grace).await;
+            self.acted = true;
         }
     }
 
@@ -759,18 +798,29 @@ impl PodWorker {
     }
 
     /// Readiness and startup verdicts of the running instance of `name`.
-    fn verdicts(&self, name: &str) -> (bool, bool) {
-        let Some(p) = self.tracks.get(name).and_then(|t| t.probes.as_ref()) else {
-            return (true, true);
+    /// Readiness and startup verdicts of the running instance of `c`: a container with a probe
+    /// whose probing has not begun for this instance is neither started nor ready yet.
+    fn verdicts(&self, c: &Container) -> (bool, bool) {
+        let track = self.tracks.get(&c.name);
+        let current = track
+            .and_then(|t| t.instances.first())
+            .map(|l| l.id.as_str());
+        let probes = track
+            .and_then(|t| t.probes.as_ref())
+            .filter(|p| Some(p.id.as_str()) == current);
+        let passed = |handle: Option<&ProbeHandle>, has: bool| match handle {
+            Some(h) => h.get() == ProbeResult::Success,
+            None => !has,
         };
-        let started = p
-            .startup
-            .as_ref()
-            .is_none_or(|s| s.get() == ProbeResult::Success);
+        let started = passed(
+            probes.and_then(|p| p.startup.as_ref()),
+            c.startup_probe.is_some(),
+        );
         let ready = started
-            && p.readiness
-                .as_ref()
-                .is_none_or(|r| r.get() == ProbeResult::Success);
+            && passed(
+                probes.and_then(|p| p.readiness.as_ref()),
+                c.readiness_probe.is_some(),
+            );
         (ready, started)
     }
 
@@ -822,7 +872,7 @@ impl PodWorker {
         };
         let mut all_ready = true;
         for c in &spec.containers {
-            let (ready, started) = self.verdicts(&c.name);
+            let (ready, started) = self.verdicts(c);
             let t = self.tracks.get(&c.name);
             let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
             let mut waiting = t.and_then(|t| t.waiting.as_ref()).cloned();
