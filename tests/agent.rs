@@ -42,7 +42,7 @@ impl Agent {
             format!(
                 "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
                  node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-                 sync_period_ms = 300\n",
+                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\n",
                 logs.path()
             ),
         )
@@ -634,6 +634,19 @@ async fn node_status_is_sane_and_reported_on_change_or_period() {
     let computed = r2["computed"].as_u64().unwrap_or(0) - r1["computed"].as_u64().unwrap_or(0);
     assert!((1..=4).contains(&reports), "{r1} {r2}");
     assert!(computed >= reports + 5, "{r1} {r2}");
+    // The lease is renewed every quarter of its 2 s.
+    let beats = r2["heartbeats"].as_u64().unwrap_or(0) - r1["heartbeats"].as_u64().unwrap_or(0);
+    assert!(beats >= 8, "{r1} {r2}");
+    let lease: Value = serde_json::from_slice(
+        &std::fs::read(r2["leaseFile"].as_str().expect("lease file")).expect("lease"),
+    )
+    .expect("lease json");
+    assert_eq!(lease["spec"]["holderIdentity"], node["metadata"]["name"]);
+    // /configz shows the configuration in force (the test's shortened back-off).
+    let (code, z) = a.get("/configz");
+    assert_eq!(code, 200);
+    assert_eq!(z["agent"]["backoff_base_secs"], 1.0);
+    assert_eq!(z["agent"]["node_status_max_images"], 50);
     let file = Path::new(r2["statusFile"].as_str().expect("file"));
     let reported: Value =
         serde_json::from_slice(&std::fs::read(file).expect("status file")).expect("json");

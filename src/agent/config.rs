@@ -32,6 +32,8 @@ pub struct AgentConfig {
     pub node_status_report_secs: f64,
     /// Images listed in the node status, largest first (-1: all, 0: none).
     pub node_status_max_images: i64,
+    /// Seconds a node lease lasts; the heartbeat renews it every quarter of that.
+    pub node_lease_duration_secs: f64,
     /// Node name (default: the host name, lower-cased).
     pub node_name: Option<String>,
 }
@@ -51,6 +53,7 @@ impl Default for AgentConfig {
             node_status_update_secs: 10.0,
             node_status_report_secs: 300.0,
             node_status_max_images: 50,
+            node_lease_duration_secs: 40.0,
             node_name: None,
         }
     }

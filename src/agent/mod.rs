@@ -113,7 +113,13 @@ pub async fn start(
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
     node_status.set_port(port);
     tracing::info!(address = %cfg.address, manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
-    tokio::spawn(server::serve(listener, ctx.clone(), node_status.clone()));
+    tokio::spawn(server::serve(
+        listener,
+        ctx.clone(),
+        node_status.clone(),
+        Arc::new(cfg.clone()),
+    ));
+    tokio::spawn(node_status.clone().heartbeat());
     tokio::spawn(node_status.run());
     tokio::spawn(sources::run(
         ctx,

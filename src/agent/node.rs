@@ -121,6 +121,10 @@ pub struct ReportCounters {
     pub reports: u64,
     /// Where the reported status is written.
     pub status_file: PathBuf,
+    /// Lease renewals (every leaseDuration/4).
+    pub heartbeats: u64,
+    /// Where the lease is written.
+    pub lease_file: PathBuf,
 }
 
 /// The node status loop and its latest result.
@@ -131,6 +135,9 @@ pub struct NodeStatus {
     max_images: i64,
     disk: PathBuf,
     status_file: PathBuf,
+    lease_file: PathBuf,
+    lease: Duration,
+    heartbeats: std::sync::atomic::AtomicU64,
     port: AtomicU16,
     inner: Mutex<Inner>,
 }
@@ -150,6 +157,9 @@ impl NodeStatus {
             max_images: cfg.node_status_max_images,
             disk: root.to_path_buf(),
             status_file: state_dir.join("agent/node-status.json"),
+            lease_file: state_dir.join("agent/node-lease.json"),
+            lease: Duration::from_secs_f64(cfg.node_lease_duration_secs),
+            heartbeats: Default::default(),
             port: AtomicU16::new(0),
             inner: Mutex::new(Inner::default()),
         })
@@ -176,6 +186,8 @@ impl NodeStatus {
             computed,
             reports,
             status_file: self.status_file.clone(),
+            heartbeats: self.heartbeats.load(Ordering::Relaxed),
+            lease_file: self.lease_file.clone(),
         }
     }
 
@@ -185,6 +197,34 @@ impl NodeStatus {
             let node = self.compute().await;
             self.record(node).await;
             tokio::time::sleep(self.update).await;
+        }
+    }
+
+    /// Renews the node's lease every quarter of its duration, forever (a coordination.k8s.io
+    /// Lease written under the state dir: there is no API server to send it to).
+    pub async fn heartbeat(self: Arc<Self>) {
+        let period = self.lease / 4;
+        loop {
+            let lease = serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.ctx.node.name, "namespace": "kube-node-lease"},
+                "spec": {
+                    "holderIdentity": self.ctx.node.name,
+                    "leaseDurationSeconds": self.lease.as_secs(),
+                    "renewTime": status::now(),
+                }
+            });
+            let file = self.lease_file.clone();
+            let bytes = serde_json::to_vec_pretty(&lease).unwrap_or_default();
+            match tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await {
+                Ok(Ok(())) => {
+                    self.heartbeats.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "renewing the node lease"),
+                Err(e) => tracing::warn!(error = %e, "renewing the node lease"),
+            }
+            tokio::time::sleep(period).await;
         }
     }
 

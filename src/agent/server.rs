@@ -1,5 +1,6 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
-//! `/node`, `/node/reports` and `/manifests` (per-file manifest errors).
+//! `/node`, `/node/reports`, `/manifests` (per-file manifest errors) and `/configz` (the
+//! effective agent configuration).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::AgentContext;
+use super::config::AgentConfig;
 use super::node::NodeStatus;
 
 /// Serves the endpoint on `listener` forever.
@@ -19,6 +21,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     ctx: Arc<AgentContext>,
     node: Arc<NodeStatus>,
+    config: Arc<AgentConfig>,
 ) {
     loop {
         let (stream, _) = match listener.accept().await {
@@ -31,11 +34,13 @@ pub async fn serve(
         };
         let ctx = ctx.clone();
         let node = node.clone();
+        let config = config.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let ctx = ctx.clone();
                 let node = node.clone();
-                async move { Ok::<_, Infallible>(route(&req, &ctx, &node)) }
+                let config = config.clone();
+                async move { Ok::<_, Infallible>(route(&req, &ctx, &node, &config)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -75,7 +80,12 @@ fn error(status: StatusCode, reason: &str, message: String) -> Response<Full<Byt
     )
 }
 
-fn route(req: &Request<Incoming>, ctx: &AgentContext, node: &NodeStatus) -> Response<Full<Bytes>> {
+fn route(
+    req: &Request<Incoming>,
+    ctx: &AgentContext,
+    node: &NodeStatus,
+    config: &AgentConfig,
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -118,6 +128,7 @@ fn route(req: &Request<Incoming>, ctx: &AgentContext, node: &NodeStatus) -> Resp
             ),
         },
         ["node", "reports"] => json(StatusCode::OK, &node.counters()),
+        ["configz"] => json(StatusCode::OK, &serde_json::json!({ "agent": config })),
         ["manifests"] => {
             let errors: std::collections::BTreeMap<String, String> = ctx
                 .pods

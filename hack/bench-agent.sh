@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Agent benchmark (release build): berthd's idle RSS without and with the agent; manifest file
+# to all containers Running (host-network busybox pod, cached image) over N pods, p50/p90; then
+# berthd's RSS and CPU with those N pods idle for IDLE_SECS. Uses the plain test registry.
+#   hack/bench-agent.sh [N]     (N=20; IDLE_SECS=60)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-20}
+IDLE_SECS=${IDLE_SECS:-60}
+REG=${BERTH_TEST_REGISTRY:-127.0.0.1:5050}
+BIN=target/release
+[ -x "$BIN/berthd" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+work=$(mktemp -d /tmp/berth-bench-agent.XXXXXX)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+sock=$work/state/berth.sock
+pid=
+
+start() {
+    "$BIN/berthd" --root "$work/root" --state-dir "$work/state" --socket "$sock" \
+        --insecure-registry "$REG" --cni-conf-dir "$work/no-cni" --log-level warn "$@" \
+        >>"$work/berthd.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 500); do [ -S "$sock" ] && return 0; sleep 0.02; done
+    echo "berthd did not start; see $work/berthd.log" >&2; exit 1
+}
+stop() { kill -TERM "$pid"; wait "$pid" || true; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$pid/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+cleanup() {
+    rm -f "$work"/manifests/*.yaml
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && {
+        for _ in $(seq 300); do
+            [ "$(curl -s "127.0.0.1:$port/pods" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["items"]))' 2>/dev/null || echo 0)" = 0 ] && break
+            sleep 0.1
+        done
+        stop
+    }
+    umount -R "$work/root" 2>/dev/null || true
+    rm -rf "$work" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+start --no-agent
+"$BIN/berthctl" -r "unix://$sock" pull "$REG/busybox" >/dev/null
+sleep 5
+rss_off=$(rss_kib)
+stop
+
+mkdir -p "$work/manifests"
+start --manifest-dir "$work/manifests" --agent-address "127.0.0.1:$port"
+sleep 12   # the node status is computed once
+rss_on=$(rss_kib)
+
+python3 - "$work/manifests" "$port" "$N" "$REG/busybox" <<'PY'
+import json, os, statistics, sys, time, urllib.request
+d, port, n, img = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+times = []
+for i in range(n):
+    name = f"bench-{i}"
+    y = (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostNetwork: true\n"
+         f"  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {img}\n"
+         f"    imagePullPolicy: IfNotPresent\n    command: [sleep, '3600']\n")
+    tmp = os.path.join(d, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(y)
+    t0 = time.monotonic()
+    os.rename(tmp, os.path.join(d, f"{name}.yaml"))
+    while True:
+        try:
+            p = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/pods/default/{name}"))
+            cs = p["status"].get("containerStatuses", [])
+            if cs and all("running" in c["state"] for c in cs):
+                break
+        except Exception:
+            pass
+        time.sleep(0.002)
+    times.append((time.monotonic() - t0) * 1000)
+times.sort()
+print(f"manifest -> Running (ms, {n} pods): p50 {statistics.median(times):.1f}  "
+      f"p90 {times[int(len(times) * 0.9) - 1]:.1f}  min {times[0]:.1f}  max {times[-1]:.1f}")
+PY
+
+sleep 5
+c0=$(cpu_ticks); t0=$(date +%s.%N)
+sleep "$IDLE_SECS"
+c1=$(cpu_ticks); t1=$(date +%s.%N)
+hz=$(getconf CLK_TCK)
+rss_pods=$(rss_kib)
+cpu=$(python3 -c "print(f'{100 * ($c1 - $c0) / $hz / ($t1 - $t0):.2f}')")
+echo "berthd RSS idle, agent off: $((rss_off / 1024)).$(( (rss_off % 1024) * 10 / 1024 )) MiB"
+echo "berthd RSS idle, agent on (no pods): $((rss_on / 1024)).$(( (rss_on % 1024) * 10 / 1024 )) MiB"
+echo "berthd RSS with $N agent pods idle: $((rss_pods / 1024)).$(( (rss_pods % 1024) * 10 / 1024 )) MiB"
+echo "berthd CPU with $N agent pods idle over ${IDLE_SECS}s: ${cpu}% of a core"
