@@ -144,7 +144,7 @@ impl Agent {
     }
 
     /// Removes every manifest and waits until the agent removed every pod and sandbox.
-    async fn finish(self) {
+    async fn finish(&self) {
         for e in std::fs::read_dir(self.manifests.path())
             .expect("dir")
             .flatten()
@@ -772,4 +772,79 @@ async fn pod_network_pods_are_probed_at_their_pod_ip() {
             })
     });
     a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_empty_dir_handoff_memory_medium_and_host_path() {
+    let a = Agent::start();
+    let host = TempDir::new("hostpath");
+    let host_dir = host.path().join("made-by-agent");
+    let img = image("busybox");
+    let spec = format!(
+        "  volumes:\n  - name: data\n    emptyDir: {{}}\n  - name: cache\n    emptyDir:\n      medium: Memory\n      sizeLimit: 8Mi\n  - name: host\n    hostPath:\n      path: {}\n      type: DirectoryOrCreate\n  initContainers:\n  - name: writer\n    image: {img}\n    command: [\"sh\", \"-c\", \"echo handed-over > /data/msg\"]\n    volumeMounts:\n    - name: data\n      mountPath: /data\n",
+        host_dir.display()
+    );
+    let mounts = "    volumeMounts:\n    - name: data\n      mountPath: /data\n      readOnly: true\n    - name: cache\n      mountPath: /cache\n    - name: host\n      mountPath: /host\n";
+    a.write(
+        "vols.yaml",
+        &pod_yaml(
+            "vols",
+            "cat /data/msg > /host/seen; sleep 3600",
+            &spec,
+            mounts,
+        ),
+    );
+    a.wait_pod("default", "vols", "vols running", |p| running(p, "main"));
+    a.wait(
+        "the handed-over file on the host",
+        Duration::from_secs(20),
+        |_| std::fs::read_to_string(host_dir.join("seen")).is_ok_and(|t| t.trim() == "handed-over"),
+    );
+    let c = a.daemon.client().await;
+    let id = containers(&c)
+        .await
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "main"))
+        .expect("main")
+        .id;
+    let mounts = common::exec_ok(&c, &id, &["cat", "/proc/mounts"]).await;
+    let cache = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some("/cache"))
+        .unwrap_or_default();
+    assert!(
+        cache.starts_with("tmpfs ") && cache.contains("size=8192k"),
+        "{mounts}"
+    );
+    let r = common::exec(&c, &id, &["sh", "-c", "echo x > /data/y"], 10)
+        .await
+        .expect("exec");
+    assert_ne!(r.exit_code, 0, "a readOnly mount refuses writes");
+    // A pod using a volume the agent cannot provide is refused with the reason.
+    a.write(
+        "cm.yaml",
+        &pod_yaml(
+            "cm",
+            "true",
+            "  volumes:\n  - name: c\n    configMap:\n      name: x\n",
+            "",
+        ),
+    );
+    a.wait("the configMap pod refused", Duration::from_secs(10), |a| {
+        a.get("/manifests").1["errors"]
+            .as_object()
+            .is_some_and(|e| {
+                e.values()
+                    .any(|v| v.as_str().is_some_and(|s| s.contains("emptyDir")))
+            })
+    });
+    let pod_dirs = a.daemon.root().join("agent/pods");
+    a.finish().await;
+    // The pod's own directory (and its tmpfs) went with it; the hostPath stays.
+    assert!(
+        std::fs::read_dir(&pod_dirs).map(|d| d.count()).unwrap_or(0) == 0,
+        "pod directories left in {}",
+        pod_dirs.display()
+    );
+    assert!(host_dir.join("seen").exists());
 }

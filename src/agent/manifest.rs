@@ -195,6 +195,31 @@ fn to_pod(file: &Path, v: serde_json::Value) -> Result<DesiredPod, ManifestError
             )));
         }
     }
+    let mut volume_names = std::collections::HashSet::new();
+    for v in spec.volumes.iter().flatten() {
+        super::volumes::check_supported(v).map_err(ManifestError::Invalid)?;
+        if !volume_names.insert(v.name.as_str()) {
+            return Err(ManifestError::Invalid(format!(
+                "volume name {:?} is used twice",
+                v.name
+            )));
+        }
+    }
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
+        for vm in c.volume_mounts.iter().flatten() {
+            if !volume_names.contains(vm.name.as_str()) {
+                return Err(ManifestError::Invalid(format!(
+                    "container {:?} mounts volume {:?}, which the pod does not have",
+                    c.name, vm.name
+                )));
+            }
+        }
+    }
     if let Some(p) = spec.restart_policy.as_deref()
         && !matches!(p, "Always" | "OnFailure" | "Never")
     {

@@ -17,6 +17,7 @@ pub mod sandbox_config;
 pub mod server;
 pub mod sources;
 pub mod status;
+pub mod volumes;
 pub mod watch;
 pub mod worker;
 
@@ -50,6 +51,8 @@ pub struct AgentContext {
     pub client: CriClient,
     /// Root of the pods' log directories.
     pub pod_log_dir: PathBuf,
+    /// Root of the pods' own directories (`<uid>/volumes/...`).
+    pub pods_dir: PathBuf,
     /// This node.
     pub node: NodeIdentity,
     /// Runtime name from CRI Version (the `<name>://` of container IDs).
@@ -93,6 +96,7 @@ pub async fn start(
     let ctx = Arc::new(AgentContext {
         client,
         pod_log_dir: cfg.pod_log_dir.clone(),
+        pods_dir: root.join("agent/pods"),
         node,
         runtime_name,
         backoff: BackoffPolicy {

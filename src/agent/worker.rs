@@ -214,6 +214,7 @@ impl PodWorker {
         }
         tracing::info!(pod = %pod, "terminating pod");
         self.terminate().await;
+        super::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
         // The pod is gone for good: so are its logs (the kubelet removes them too).
         let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
         if let Err(e) = std::fs::remove_dir_all(&dir)
@@ -574,7 +575,22 @@ impl PodWorker {
             node_name: &self.ctx.node.name,
             image: &image,
         };
-        let config = container_config(self.pod(), c, restart_count, &cctx);
+        let mut config = container_config(self.pod(), c, restart_count, &cctx);
+        let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
+        let mounts = super::volumes::prepare(self.pod(), &pod_dir)
+            .and_then(|paths| super::volumes::mounts(c, &paths));
+        match mounts {
+            Ok(m) => config.mounts = m,
+            Err(e) => {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "volume setup failed");
+                self.set_waiting(
+                    &c.name,
+                    "ContainerCreating",
+                    format!("MountVolume.SetUp failed: {e}"),
+                );
+                return;
+            }
+        }
         let sandbox_config = sandbox_config(
             self.pod(),
             &self.desired.hash,
