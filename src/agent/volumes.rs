@@ -170,7 +170,7 @@ pub fn cleanup(pod_dir: &Path) {
         for e in rd.flatten() {
             if is_mount_point(&e.path())
                 && let Err(err) =
-                    rustix::mount::unmount(&e.path(), rustix::mount::UnmountFlags::DETACH)
+                    rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH)
             {
                 tracing::warn!(dir = %e.path().display(), error = %err, "unmounting an emptyDir");
             }
