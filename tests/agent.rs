@@ -42,8 +42,9 @@ impl Agent {
             format!(
                 "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
                  node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\n",
-                logs.path()
+                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n",
+                logs.path(),
+                conf.path().file_name().and_then(|n| n.to_str()).unwrap_or("agent")
             ),
         )
         .expect("config");
@@ -130,6 +131,17 @@ impl Agent {
             _ => false,
         });
         found
+    }
+
+    /// The agent's cgroup root (unique per test).
+    fn cgroup_root(&self) -> String {
+        let name = self
+            ._conf
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        format!("/{name}/kubepods")
     }
 
     fn manifest(&self, file: &str) -> PathBuf {
@@ -301,6 +313,19 @@ async fn manifest_add_change_remove() {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("stdout F hello"))
     });
 
+    // The pod's cgroup is under its QoS class, as the kubelet's cgroupfs driver puts it.
+    let pod_cgroup = format!("{}/besteffort/pod{uid}", a.cgroup_root());
+    let hierarchies = [
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ];
+    assert!(
+        hierarchies
+            .iter()
+            .any(|h| Path::new(&format!("{h}{pod_cgroup}")).is_dir()),
+        "no pod cgroup {pod_cgroup}"
+    );
     // A change recreates the pod (same UID: it is the same manifest).
     let old_sandbox = sb.id.clone();
     a.write(

@@ -32,6 +32,8 @@ pub struct AgentConfig {
     pub node_status_report_secs: f64,
     /// Images listed in the node status, largest first (-1: all, 0: none).
     pub node_status_max_images: i64,
+    /// cgroup under which pods' cgroups go, by QoS class (`<root>/burstable/pod<uid>`, ...).
+    pub cgroup_root: String,
     /// Seconds a node lease lasts; the heartbeat renews it every quarter of that.
     pub node_lease_duration_secs: f64,
     /// Node name (default: the host name, lower-cased).
@@ -54,6 +56,7 @@ impl Default for AgentConfig {
             node_status_report_secs: 300.0,
             node_status_max_images: 50,
             node_lease_duration_secs: 40.0,
+            cgroup_root: "/kubepods".to_string(),
             node_name: None,
         }
     }
@@ -85,6 +88,12 @@ impl AgentConfig {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} must be a positive number of seconds"));
             }
+        }
+        if !self.cgroup_root.starts_with('/') || self.cgroup_root.contains("..") {
+            return Err(format!(
+                "agent.cgroup_root {:?} must be an absolute cgroup path",
+                self.cgroup_root
+            ));
         }
         if self.manifest_rescan_ms == 0 || self.sync_period_ms == 0 {
             return Err(

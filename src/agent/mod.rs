@@ -51,6 +51,8 @@ pub struct AgentContext {
     pub client: CriClient,
     /// Root of the pods' log directories.
     pub pod_log_dir: PathBuf,
+    /// cgroup root of the pods (by QoS class below it).
+    pub cgroup_root: String,
     /// Root of the pods' own directories (`<uid>/volumes/...`).
     pub pods_dir: PathBuf,
     /// This node.
@@ -97,6 +99,7 @@ pub async fn start(
         client,
         pod_log_dir: cfg.pod_log_dir.clone(),
         pods_dir: root.join("agent/pods"),
+        cgroup_root: cfg.cgroup_root.clone(),
         node,
         runtime_name,
         backoff: BackoffPolicy {

@@ -24,6 +24,7 @@ pub fn sandbox_config(
     attempt: u32,
     log_root: &Path,
     node_name: &str,
+    cgroup_root: &str,
 ) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let host_network = spec.host_network.unwrap_or(false);
@@ -68,7 +69,7 @@ pub fn sandbox_config(
         labels: labels::sandbox_labels(pod),
         annotations: labels::sandbox_annotations(pod, hash),
         linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: String::new(),
+            cgroup_parent: cgroup_parent(cgroup_root, pod),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(cri::NamespaceOption {
                     network: mode(spec.host_network),
@@ -88,6 +89,24 @@ pub fn sandbox_config(
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The pod's cgroup as the kubelet's cgroupfs driver names it: `<root>/pod<uid>` for
+/// Guaranteed pods, `<root>/burstable/pod<uid>` and `<root>/besteffort/pod<uid>` (root
+/// `/kubepods` by default).
+pub fn cgroup_parent(root: &str, pod: &Pod) -> String {
+    let root = root.trim_end_matches('/');
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let qos = pod
+        .spec
+        .as_ref()
+        .map(super::resources::qos_class)
+        .unwrap_or("BestEffort");
+    match qos {
+        "Guaranteed" => format!("{root}/pod{uid}"),
+        "Burstable" => format!("{root}/burstable/pod{uid}"),
+        _ => format!("{root}/besteffort/pod{uid}"),
     }
 }
 

@@ -367,6 +367,7 @@ impl PodWorker {
             attempt,
             &self.ctx.pod_log_dir,
             &self.ctx.node.name,
+            &self.ctx.cgroup_root,
         );
         let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
         if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -597,6 +598,7 @@ impl PodWorker {
             self.sandbox.as_ref().map(|s| s.1).unwrap_or(0),
             &self.ctx.pod_log_dir,
             &self.ctx.node.name,
+            &self.ctx.cgroup_root,
         );
         if previous.is_some() {
             self.backoff.next(&c.name, now);
