@@ -42,36 +42,15 @@ fn pod_cfg(name: &str, log_dir: &std::path::Path, cgroup_parent: &str) -> cri::P
 }
 
 fn ctr(name: &str, image: &str, script: &str, labels: &[(&str, &str)]) -> cri::ContainerConfig {
-    cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(cri::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        log_path: format!("{name}.log"),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        linux: Some(cri::LinuxContainerConfig {
-            security_context: Some(cri::LinuxContainerSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    pid: cri::NamespaceMode::Container as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let mut config = sh_container(name, image, script, cri::NamespaceMode::Container);
+    config.labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    config
 }
 
-/// A pod with its own cgroup parent; the caller removes it with [`remove_sandbox`].
+/// A pod with its own cgroup parent; the caller removes it with [`remove_pod`].
 struct Pod {
     id: String,
     config: cri::PodSandboxConfig,
@@ -86,16 +65,7 @@ async fn start_pod(c: &CriClient, d: &Daemon, name: &str, own_cgroup: bool) -> P
         String::new()
     };
     let config = pod_cfg(name, &d.dir.path().join("logs"), &parent);
-    let id = c
-        .runtime()
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect("run pod")
-        .into_inner()
-        .pod_sandbox_id;
+    let id = run_pod(c, &config).await;
     Pod { id, config }
 }
 
@@ -119,21 +89,6 @@ async fn start(c: &CriClient, id: &str) {
         })
         .await
         .expect("start container");
-}
-
-async fn remove_sandbox(c: &CriClient, id: &str) {
-    c.runtime()
-        .stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        })
-        .await
-        .expect("stop pod");
-    c.runtime()
-        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        })
-        .await
-        .expect("remove pod");
 }
 
 async fn stats(c: &CriClient, id: &str) -> cri::ContainerStats {
@@ -405,8 +360,8 @@ async fn stats_follow_cpu_memory_and_the_writable_layer() {
         .expect_err("unknown pod");
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
-    remove_sandbox(&c, &pod.id).await;
-    remove_sandbox(&c, &other.id).await;
+    remove_pod(&c, &pod.id).await;
+    remove_pod(&c, &other.id).await;
     assert!(list_stats(&c, None).await.is_empty());
     remove_pod_cgroup(&pod).await;
 }
@@ -658,5 +613,5 @@ async fn update_container_resources_changes_the_cgroup_live() {
     // Exited containers still list (with whatever their cgroup has left).
     assert_eq!(list_stats(&c, None).await, vec![id.clone()]);
 
-    remove_sandbox(&c, &pod.id).await;
+    remove_pod(&c, &pod.id).await;
 }
