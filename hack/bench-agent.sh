@@ -42,7 +42,10 @@ trap cleanup EXIT
 
 start --no-agent
 "$BIN/berthctl" -r "unix://$sock" pull "$REG/busybox" >/dev/null
-sleep 5
+stop
+# Idle RSS of a fresh berthd (the image already in its store), without then with the agent.
+start --no-agent
+sleep 12
 rss_off=$(rss_kib)
 stop
 

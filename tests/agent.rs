@@ -873,3 +873,36 @@ async fn volumes_empty_dir_handoff_memory_medium_and_host_path() {
     );
     assert!(host_dir.join("seen").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_stopped_behind_the_agents_back_is_recreated() {
+    let a = Agent::start();
+    a.write("phoenix.yaml", &pod_yaml("phoenix", "sleep 3600", "", ""));
+    a.wait_pod("default", "phoenix", "phoenix running", |p| {
+        running(p, "main")
+    });
+    let c = a.daemon.client().await;
+    let old = sandboxes(&c).await.remove(0).id;
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: old.clone(),
+        })
+        .await
+        .expect("StopPodSandbox");
+    a.wait("a new sandbox", Duration::from_secs(30), |_| {
+        let sbs = futures_block(sandboxes(&c));
+        sbs.len() == 1
+            && sbs[0].id != old
+            && sbs[0].state == cri::PodSandboxState::SandboxReady as i32
+    });
+    let p = a.wait_pod("default", "phoenix", "phoenix running again", |p| {
+        running(p, "main")
+    });
+    assert_eq!(
+        sandboxes(&c).await[0].metadata.as_ref().map(|m| m.attempt),
+        Some(1),
+        "the new sandbox is the pod's next attempt"
+    );
+    assert!(container(&p, "main")["containerID"].is_string());
+    a.finish().await;
+}

@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod node;
 pub mod probe;
 pub mod registry;
+pub mod relist;
 pub mod resources;
 pub mod sandbox_config;
 pub mod server;
@@ -65,6 +66,8 @@ pub struct AgentContext {
     pub sync_period: Duration,
     /// Pods and manifest errors, for the status endpoint.
     pub pods: PodRegistry,
+    /// The shared relist of sandboxes and containers.
+    pub relist: Arc<relist::Relist>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -109,7 +112,12 @@ pub async fn start(
         },
         sync_period: Duration::from_millis(cfg.sync_period_ms),
         pods: PodRegistry::default(),
+        relist: Default::default(),
     });
+    tokio::spawn(ctx.relist.clone().run(
+        ctx.client.clone(),
+        Duration::from_millis(cfg.sync_period_ms),
+    ));
     let node_status = node::NodeStatus::new(ctx.clone(), cfg, state_dir, root);
     let listener = tokio::net::TcpListener::bind(&cfg.address)
         .await

@@ -56,6 +56,14 @@ pub struct PodWorker {
     sandbox_failed: Option<Instant>,
     /// The last sync started or stopped something.
     acted: bool,
+    /// The last sync called a CRI method that changes containers or the sandbox.
+    mutated: bool,
+    /// When the last such call ended: relists older than this are stale for this pod.
+    last_action: Instant,
+    /// When the current sandbox was made or adopted.
+    sandbox_since: Instant,
+    /// The pod IP was read for the current sandbox.
+    ip_known: bool,
 }
 
 /// Back-off key of sandbox creation (container names cannot contain '/').
@@ -82,6 +90,10 @@ impl PodWorker {
             message: None,
             sandbox_failed: None,
             acted: false,
+            mutated: false,
+            last_action: Instant::now(),
+            sandbox_since: Instant::now(),
+            ip_known: false,
         }
     }
 
@@ -190,7 +202,11 @@ impl PodWorker {
                 break;
             }
             self.acted = false;
+            self.mutated = false;
             let synced = self.sync().await;
+            if self.mutated {
+                self.last_action = Instant::now();
+            }
             if self.acted {
                 // Show what was just started (or stopped) now, not a sync period later.
                 if let Err(e) = self.observe().await {
@@ -291,6 +307,16 @@ impl PodWorker {
     async fn ensure_sandbox(&mut self) -> Result<(), String> {
         let mut rt = self.ctx.client.runtime();
         if let Some((id, attempt)) = self.sandbox.clone() {
+            let snap = self.ctx.relist.get();
+            if self.ip_known
+                && snap.newer_than(self.sandbox_since)
+                && snap
+                    .sandboxes
+                    .get(&id)
+                    .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+            {
+                return Ok(());
+            }
             let st = rt
                 .pod_sandbox_status(cri::PodSandboxStatusRequest {
                     pod_sandbox_id: id.clone(),
@@ -302,6 +328,7 @@ impl PodWorker {
                     let s = r.into_inner().status.unwrap_or_default();
                     if s.state == cri::PodSandboxState::SandboxReady as i32 {
                         self.pod_ip = s.network.map(|n| n.ip).unwrap_or_default();
+                        self.ip_known = true;
                         return Ok(());
                     }
                     tracing::warn!(pod = %self.pod_ref(), sandbox = %id, "pod sandbox is not ready: recreating the pod");
@@ -312,7 +339,9 @@ impl PodWorker {
                 Err(e) => return Err(format!("PodSandboxStatus: {}", e.message())),
             }
             self.remove_sandbox(&id).await;
+            self.mutated = true;
             self.sandbox = None;
+            self.ip_known = false;
             self.next_attempt = attempt + 1;
             self.drop_all_probes();
         } else {
@@ -338,6 +367,8 @@ impl PodWorker {
                 {
                     tracing::info!(pod = %self.pod_ref(), sandbox = %sb.id, "adopting running pod");
                     self.sandbox = Some((sb.id.clone(), attempt));
+                    self.sandbox_since = Instant::now();
+                    self.ip_known = false;
                     self.next_attempt = self.next_attempt.max(attempt);
                 } else {
                     tracing::info!(pod = %self.pod_ref(), sandbox = %sb.id, "removing an old sandbox of this pod");
@@ -391,6 +422,9 @@ impl PodWorker {
         self.sandbox_failed = None;
         tracing::info!(pod = %self.pod_ref(), sandbox = %id, attempt, "pod sandbox running");
         self.sandbox = Some((id, attempt));
+        self.sandbox_since = Instant::now();
+        self.ip_known = false;
+        self.mutated = true;
         self.tracks.clear();
         self.status_cache.clear();
         self.init_failed = false;
@@ -457,8 +491,11 @@ impl PodWorker {
             return Ok(());
         };
         let mut rt = self.ctx.client.runtime();
-        let list = rt
-            .list_containers(cri::ListContainersRequest {
+        let snap = self.ctx.relist.get();
+        let list = if snap.newer_than(self.last_action) && snap.newer_than(self.sandbox_since) {
+            snap.containers.get(&sandbox).cloned().unwrap_or_default()
+        } else {
+            rt.list_containers(cri::ListContainersRequest {
                 filter: Some(cri::ContainerFilter {
                     pod_sandbox_id: sandbox,
                     ..Default::default()
@@ -467,7 +504,8 @@ impl PodWorker {
             .await
             .map_err(|e| format!("ListContainers: {}", e.message()))?
             .into_inner()
-            .containers;
+            .containers
+        };
         let mut by_name: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
         let mut cache = HashMap::new();
         for c in list {
@@ -603,6 +641,7 @@ impl PodWorker {
         if previous.is_some() {
             self.backoff.next(&c.name, now);
         }
+        self.mutated = true;
         let mut rt = self.ctx.client.runtime();
         let id = match rt
             .create_container(cri::CreateContainerRequest {
@@ -660,6 +699,7 @@ impl PodWorker {
 
     /// A container created but never started (a start that failed): remove it and retry later.
     async fn start_created(&mut self, c: &Container, l: &cri::ContainerStatus) {
+        self.mutated = true;
         let mut rt = self.ctx.client.runtime();
         let _ = rt
             .remove_container(cri::RemoveContainerRequest {
@@ -792,6 +832,7 @@ impl PodWorker {
             track.probes = None;
             self.stop_with_hook(Some(c), &l.id, grace).await;
             self.acted = true;
+            self.mutated = true;
         }
     }
 
