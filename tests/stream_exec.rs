@@ -536,3 +536,53 @@ async fn idle_sessions_are_closed_after_the_configured_timeout() {
     assert!(gone, "the idle session's process was killed");
     remove_pod(&c, &pod).await;
 }
+
+#[tokio::test]
+async fn a_stdin_once_attacher_closing_its_input_closes_the_container_stdin() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let pod_cfg = pod_config("once", &logs, cri::NamespaceMode::Container);
+    let pod = run_pod(&c, &pod_cfg).await;
+    let mut cfg = sh_container(
+        "once",
+        &busybox,
+        "cat; echo stdin-closed",
+        cri::NamespaceMode::Container,
+    );
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let id = run_container(&c, &pod, &pod_cfg, cfg).await;
+    let url = c
+        .runtime()
+        .attach(cri::AttachRequest {
+            container_id: id.clone(),
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        })
+        .await
+        .expect("Attach")
+        .into_inner()
+        .url;
+    let (mut s, _) = Spdy::connect(&url, &["v4.channel.k8s.io"]).await;
+    let err = s.open(&[("streamType", "error")]).await;
+    let inp = s.open(&[("streamType", "stdin")]).await;
+    let out = s.open(&[("streamType", "stdout")]).await;
+    s.open(&[("streamType", "stderr")]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.send(inp, b"last words\n", true).await;
+    assert!(s.read_to_end(T).await, "the attach ends with the container");
+    assert!(
+        s.text(out).contains("last words\nstdin-closed"),
+        "{:?}",
+        s.text(out)
+    );
+    assert_eq!(status(&s.text(err))["status"], "Success");
+    let st = wait_exited(&c, &id).await;
+    assert_eq!(st.exit_code, 0);
+    remove_pod(&c, &pod).await;
+}

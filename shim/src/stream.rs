@@ -87,18 +87,24 @@ fn ok(r: pb::response::Result) -> pb::Response {
     }
 }
 
-/// Reads and discards what a session connection sent; false once it hung up.
-fn conn_alive(conn: &mut UnixStream) -> bool {
+/// Reads what a session connection sent: whether it is still open, and whether any bytes came
+/// (an attacher's request to close the container's stdin).
+fn conn_read(conn: &mut UnixStream) -> (bool, bool) {
     let mut buf = [0u8; 256];
+    let mut got = false;
     loop {
         match conn.read(&mut buf) {
-            Ok(0) => return false,
-            Ok(_) => {}
+            Ok(0) => return (false, got),
+            Ok(_) => got = true,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
-            Err(_) => return false,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return (true, got),
+            Err(_) => return (false, got),
         }
     }
+}
+
+fn conn_alive(conn: &mut UnixStream) -> bool {
+    conn_read(conn).0
 }
 
 impl Streams {
@@ -146,8 +152,10 @@ impl Streams {
                 let Some(a) = self.attachers.get_mut(i) else {
                     return false;
                 };
-                if conn_alive(&mut a.conn) {
-                    return false;
+                let (alive, got) = conn_read(&mut a.conn);
+                if alive {
+                    // A byte from a stdin-once attacher: its input ended, close the stdin now.
+                    return got && a.close_stdin_on_detach;
                 }
                 let a = self.attachers.swap_remove(i);
                 if a.dropped_bytes > 0 {

@@ -27,6 +27,8 @@ pub struct ShimSession {
     pub pid: u32,
     /// The container has a tty (attach).
     pub tty: bool,
+    /// The container's stdin closes when this attacher's input ends (CRI stdin_once).
+    pub close_stdin: bool,
 }
 
 impl ShimSession {
@@ -34,6 +36,20 @@ impl ShimSession {
     pub fn take(&mut self, name: &str) -> Option<OwnedFd> {
         let i = self.fds.iter().position(|(n, _)| n == name)?;
         Some(self.fds.swap_remove(i).1)
+    }
+
+    /// Asks the shim to close the container's stdin now (a stdin-once attacher's input ended).
+    pub async fn close_stdin(&self) {
+        for _ in 0..100 {
+            if self.conn.writable().await.is_err() {
+                return;
+            }
+            match self.conn.try_write(b"c") {
+                Ok(_) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
     }
 
     /// Waits for the end of the session: `Some(code)` for an exec that exited; `None` when the
@@ -179,6 +195,7 @@ impl ContainerManager {
                 conn,
                 pid: r.pid,
                 tty,
+                close_stdin: false,
             }),
             (other, ..) => Err(internal(
                 &rec.socket,
@@ -197,11 +214,12 @@ impl ContainerManager {
     ) -> Result<ShimSession, ContainerError> {
         let rec = self.running(id, "Attach").await?;
         let config = rec.config();
+        let close_stdin = stdin && config.stdin && config.stdin_once;
         let request = api::request::Request::Attach(api::AttachRequest {
             stdin: stdin && config.stdin,
             stdout,
             stderr,
-            close_stdin_on_detach: stdin && config.stdin_once,
+            close_stdin_on_detach: close_stdin,
         });
         match open(rec.socket.clone(), request).await? {
             (api::response::Result::Attach(r), fds, conn) => Ok(ShimSession {
@@ -209,6 +227,7 @@ impl ContainerManager {
                 conn,
                 pid: 0,
                 tty: r.tty,
+                close_stdin,
             }),
             (other, ..) => Err(internal(
                 &rec.socket,

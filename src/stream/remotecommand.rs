@@ -511,18 +511,28 @@ async fn run(server: &StreamServer, t: Target, mut ch: Channels, activity: Activ
         }
     };
     let mut tasks = tokio::task::JoinSet::new();
-    let outputs = wire(&mut session, &mut ch, &mut tasks, exec);
+    let (stdin_done_tx, mut stdin_done) = tokio::sync::oneshot::channel::<()>();
+    let outputs = wire(&mut session, &mut ch, &mut tasks, exec, stdin_done_tx);
     let mut gone = ch.gone.clone();
     let idle = server.idle_timeout;
-    let exit = tokio::select! {
-        code = session.wait() => code,
-        _ = gone.wait_for(|g| *g) => {
-            tracing::info!(container = %t.container_id, pid = session.pid, "client went away: ending the session");
-            None
-        }
-        _ = activity.idle(idle) => {
-            tracing::info!(container = %t.container_id, "stream idle for {idle:?}: closing");
-            None
+    let mut watch_stdin = session.close_stdin;
+    let exit = loop {
+        tokio::select! {
+            code = session.wait() => break code,
+            r = &mut stdin_done, if watch_stdin => {
+                watch_stdin = false;
+                if r.is_ok() {
+                    session.close_stdin().await;
+                }
+            }
+            _ = async { gone.wait_for(|g| *g).await.map(|_| ()) } => {
+                tracing::info!(container = %t.container_id, pid = session.pid, "client went away: ending the session");
+                break None;
+            }
+            _ = activity.idle(idle) => {
+                tracing::info!(container = %t.container_id, "stream idle for {idle:?}: closing");
+                break None;
+            }
         }
     };
     let client_gone = *ch.gone.borrow();
@@ -568,6 +578,7 @@ fn wire(
     ch: &mut Channels,
     tasks: &mut tokio::task::JoinSet<()>,
     pty_output: bool,
+    stdin_done: tokio::sync::oneshot::Sender<()>,
 ) -> tokio::task::JoinSet<()> {
     let mut outputs = tokio::task::JoinSet::new();
     if let Some(pty) = session.take("pty") {
@@ -606,7 +617,10 @@ fn wire(
     if let Some(fd) = session.take("stdin") {
         match (FdIo::new(fd), ch.stdin.take()) {
             (Ok(io), Some(rx)) => {
-                tasks.spawn(copy_in(rx, io));
+                tasks.spawn(async move {
+                    copy_in(rx, io).await;
+                    let _ = stdin_done.send(());
+                });
             }
             (Err(e), _) => tracing::warn!(error = %e, "stdin"),
             _ => {}
