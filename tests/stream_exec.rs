@@ -460,10 +460,8 @@ async fn bench_stream() {
         let (mut s, _) = Spdy::connect(&url, &["v4.channel.k8s.io"]).await;
         let err = s.open(&[("streamType", "error")]).await;
         let out = s.open(&[("streamType", "stdout")]).await;
-        assert!(
-            s.read_until(T, |s| s.fin.contains(&err) && s.fin.contains(&out))
-                .await
-        );
+        assert!(s.read_to_end(T).await, "exec session ends");
+        let _ = out;
         let st = s.text(err);
         assert!(st.is_empty() || st.contains("Success"), "{st}");
         streamed.push(t.elapsed().as_secs_f64() * 1000.0);
