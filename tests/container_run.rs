@@ -70,28 +70,18 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     assert!(lines.iter().any(|l| l.ends_with(" stderr F oops")), "{log}");
 
     // A container that ignores SIGTERM is killed after the timeout.
-    let sleeper = c
-        .runtime()
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.clone(),
-            config: Some(sh_container(
-                "sleeper",
-                &busybox,
-                "sleep 1000",
-                cri::NamespaceMode::Container,
-            )),
-            sandbox_config: Some(sandbox_cfg.clone()),
-        })
-        .await
-        .expect("create sleeper")
-        .into_inner()
-        .container_id;
-    c.runtime()
-        .start_container(cri::StartContainerRequest {
-            container_id: sleeper.clone(),
-        })
-        .await
-        .expect("start sleeper");
+    let sleeper = run_container(
+        &c,
+        &sandbox,
+        &sandbox_cfg,
+        sh_container(
+            "sleeper",
+            &busybox,
+            "sleep 1000",
+            cri::NamespaceMode::Container,
+        ),
+    )
+    .await;
     // ExecSync inside the running container: output, exit code, timeout.
     let exec = |cmd: &[&str], timeout: i64| {
         let c = c.clone();
@@ -127,28 +117,18 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .await
         .expect("remove");
     // A running container goes with its sandbox: stop then remove the pod.
-    let last = c
-        .runtime()
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.clone(),
-            config: Some(sh_container(
-                "last",
-                &busybox,
-                "sleep 1000",
-                cri::NamespaceMode::Container,
-            )),
-            sandbox_config: Some(sandbox_cfg.clone()),
-        })
-        .await
-        .expect("create last")
-        .into_inner()
-        .container_id;
-    c.runtime()
-        .start_container(cri::StartContainerRequest {
-            container_id: last.clone(),
-        })
-        .await
-        .expect("start last");
+    let last = run_container(
+        &c,
+        &sandbox,
+        &sandbox_cfg,
+        sh_container(
+            "last",
+            &busybox,
+            "sleep 1000",
+            cri::NamespaceMode::Container,
+        ),
+    )
+    .await;
     c.runtime()
         .stop_pod_sandbox(cri::StopPodSandboxRequest {
             pod_sandbox_id: sandbox.clone(),
