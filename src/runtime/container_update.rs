@@ -508,6 +508,8 @@ impl ContainerManager {
         };
         validate(r)?;
         let _guard = self.lock_records().await;
+        // Removed meanwhile: NotFound, and the record below must not be saved back.
+        self.get(&rec.id)?;
         if rec.state != ContainerState::Created && rec.state != ContainerState::Running {
             return Err(UpdateError::FailedPrecondition(format!(
                 "container {} is {:?}: only a created or running container can be updated",
