@@ -167,6 +167,53 @@ impl Config {
         })
     }
 
+    /// Loads `path` (as [`Config::load`]) and then every `*.toml` drop-in file of `drop_in_dir`
+    /// in file-name order, each overriding what came before it key by key (tables merge; any
+    /// other value, lists included, is replaced). The merged result is checked against the
+    /// schema once, so a drop-in may set a single field.
+    pub fn load_with_drop_ins(
+        path: &Path,
+        required: bool,
+        drop_in_dir: Option<&Path>,
+    ) -> Result<Self, ConfigError> {
+        let Some(dir) = drop_in_dir else {
+            return Self::load(path, required);
+        };
+        let mut merged = match std::fs::read_to_string(path) {
+            Ok(text) => parse_table(path, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => toml::Table::new(),
+            Err(error) => {
+                return Err(ConfigError::Read {
+                    path: path.to_owned(),
+                    error,
+                });
+            }
+        };
+        let read_dir = std::fs::read_dir(dir).map_err(|error| ConfigError::Read {
+            path: dir.to_owned(),
+            error,
+        })?;
+        let mut files: Vec<PathBuf> = read_dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+            .collect();
+        files.sort();
+        for file in &files {
+            let text = std::fs::read_to_string(file).map_err(|error| ConfigError::Read {
+                path: file.clone(),
+                error,
+            })?;
+            merge_tables(&mut merged, parse_table(file, &text)?);
+        }
+        let last = files.last().cloned().unwrap_or_else(|| path.to_owned());
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|error| ConfigError::Parse {
+                path: last,
+                error: Box::new(error),
+            })
+    }
+
     /// Parses TOML text.
     pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
         toml::from_str(text)
@@ -238,6 +285,26 @@ impl Config {
     }
 }
 
+fn parse_table(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|error| ConfigError::Parse {
+            path: path.to_owned(),
+            error: Box::new(error),
+        })
+}
+
+/// Overrides `base` with `over`: tables merge recursively, other values are replaced.
+fn merge_tables(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
+            (_, v) => {
+                base.insert(key, v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +333,42 @@ mod tests {
         let mut cfg = Config::default();
         cfg.cni.plugin_timeout_secs = 0.0;
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn drop_ins_override_in_name_order() {
+        let dir = std::env::temp_dir().join(format!("berth-config-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let main = dir.join("config.toml");
+        std::fs::write(
+            &main,
+            "log_level = \"debug\"\n[agent]\nnode_status_max_images = 5\nimage_gc_high_threshold_percent = 90\n[agent.eviction_hard]\n\"nodefs.available\" = \"5%\"\n",
+        )
+        .expect("write");
+        let d = dir.join("config.d");
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("20-b.toml"), "[agent]\nnode_status_max_images = 7\n")
+            .expect("write");
+        std::fs::write(
+            d.join("10-a.toml"),
+            "[agent]\nnode_status_max_images = 6\n[agent.eviction_hard]\n\"memory.available\" = \"1Gi\"\n",
+        )
+        .expect("write");
+        std::fs::write(d.join("ignored.conf"), "not toml at all").expect("write");
+        let cfg = Config::load_with_drop_ins(&main, true, Some(&d)).expect("loads");
+        assert_eq!(cfg.log_level, "debug");
+        assert_eq!(cfg.agent.node_status_max_images, 7);
+        assert_eq!(cfg.agent.image_gc_high_threshold_percent, 90);
+        // Tables merge across files; a threshold map that is set replaces the defaults (as
+        // the kubelet's evictionHard does).
+        assert_eq!(cfg.agent.eviction_hard["memory.available"], "1Gi");
+        assert_eq!(cfg.agent.eviction_hard["nodefs.available"], "5%");
+        assert!(!cfg.agent.eviction_hard.contains_key("imagefs.available"));
+        std::fs::write(d.join("30-bad.toml"), "[agent]\nno_such_field = 1\n").expect("write");
+        let err = Config::load_with_drop_ins(&main, true, Some(&d)).expect_err("unknown field");
+        assert!(err.to_string().contains("no_such_field"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -16,6 +16,15 @@ use crate::store::Store;
 /// Runs the daemon until a termination signal arrives.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let config = Arc::new(config);
+    if config.agent.enabled && config.agent.fail_swap_on {
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if let Some(active) = crate::agent::swap::active_swap(&swaps) {
+            anyhow::bail!(
+                "swap is on ({active}) and agent.fail_swap_on is true: turn swap off (swapoff -a), \
+                 set agent.fail_swap_on = false, or run with --no-agent"
+            );
+        }
+    }
     let lock = cri::server::lock_root(&config.root)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;

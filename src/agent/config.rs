@@ -1,5 +1,6 @@
 //! The `[agent]` section of berthd's configuration (the kubelet's defaults).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -38,7 +39,89 @@ pub struct AgentConfig {
     pub node_lease_duration_secs: f64,
     /// Node name (default: the host name, lower-cased).
     pub node_name: Option<String>,
+    /// Resources kept for the system (`cpu`, `memory`, `ephemeral-storage`, `pid`), as quantities.
+    pub system_reserved: BTreeMap<String, String>,
+    /// Resources kept for the node's Kubernetes daemons (same keys).
+    pub kube_reserved: BTreeMap<String, String>,
+    /// Hard eviction thresholds by signal (`memory.available`, `nodefs.available`,
+    /// `nodefs.inodesFree`, `imagefs.available`, `imagefs.inodesFree`, `pid.available`):
+    /// a quantity (`100Mi`) or a percentage of capacity (`10%`). Acted on at once.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// Soft eviction thresholds (same form); acted on once crossed for their grace period.
+    pub eviction_soft: BTreeMap<String, String>,
+    /// Seconds a soft threshold must stay crossed before pods are evicted, by signal.
+    pub eviction_soft_grace_period_secs: BTreeMap<String, f64>,
+    /// Largest grace period (seconds) given to a pod evicted for a soft threshold.
+    pub eviction_max_pod_grace_period_secs: i64,
+    /// Seconds a pressure condition stays on after its signal recovered.
+    pub eviction_pressure_transition_period_secs: f64,
+    /// Seconds between two eviction checks (the kubelet's housekeeping interval).
+    pub eviction_monitoring_period_secs: f64,
+    /// Disk usage (percent) of the image filesystem above which image GC runs.
+    pub image_gc_high_threshold_percent: u8,
+    /// Disk usage (percent) image GC frees down to.
+    pub image_gc_low_threshold_percent: u8,
+    /// Seconds an image must have been unused before GC may remove it.
+    pub image_minimum_gc_age_secs: f64,
+    /// Seconds between two image GC passes.
+    pub image_gc_period_secs: f64,
+    /// Seconds between two container GC passes.
+    pub container_gc_period_secs: f64,
+    /// Dead containers kept per container of a pod (older ones are removed; -1: no limit).
+    pub max_per_pod_container: i32,
+    /// Dead containers kept on the node in all (-1: no limit).
+    pub max_containers: i32,
+    /// Seconds a dead container is kept at least.
+    pub minimum_container_ttl_secs: f64,
+    /// Seconds the node's shutdown is delayed for pods (0: graceful node shutdown off).
+    pub shutdown_grace_period_secs: f64,
+    /// Of `shutdown_grace_period_secs`, the seconds kept for critical pods (terminated last).
+    pub shutdown_grace_period_critical_pods_secs: f64,
+    /// Shutdown grace periods by pod priority (replaces the two settings above when set).
+    pub shutdown_grace_period_by_pod_priority: Vec<ShutdownGraceByPriority>,
+    /// Refuse to start when the machine has swap on.
+    pub fail_swap_on: bool,
+    /// With swap allowed: `NoSwap` (pods get none) or `LimitedSwap` (Burstable pods may swap
+    /// in proportion to their memory request).
+    pub memory_swap_behavior: String,
 }
+
+/// A shutdown grace period for pods of a priority and above (up to the next entry).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownGraceByPriority {
+    /// Lowest pod priority of the range.
+    pub priority: i32,
+    /// Seconds those pods get.
+    pub shutdown_grace_period_seconds: i64,
+}
+
+/// The kubelet's default hard eviction thresholds on Linux.
+pub fn default_eviction_hard() -> BTreeMap<String, String> {
+    [
+        ("memory.available", "100Mi"),
+        ("nodefs.available", "10%"),
+        ("nodefs.inodesFree", "5%"),
+        ("imagefs.available", "15%"),
+        ("imagefs.inodesFree", "5%"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Eviction signals the agent knows.
+pub const EVICTION_SIGNALS: [&str; 6] = [
+    "memory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "pid.available",
+];
+
+/// Resources that may be reserved.
+const RESERVABLE: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pid"];
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -58,6 +141,27 @@ impl Default for AgentConfig {
             node_lease_duration_secs: 40.0,
             cgroup_root: "/kubepods".to_string(),
             node_name: None,
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            eviction_hard: default_eviction_hard(),
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period_secs: BTreeMap::new(),
+            eviction_max_pod_grace_period_secs: 0,
+            eviction_pressure_transition_period_secs: 300.0,
+            eviction_monitoring_period_secs: 10.0,
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            image_minimum_gc_age_secs: 120.0,
+            image_gc_period_secs: 300.0,
+            container_gc_period_secs: 60.0,
+            max_per_pod_container: 1,
+            max_containers: -1,
+            minimum_container_ttl_secs: 0.0,
+            shutdown_grace_period_secs: 0.0,
+            shutdown_grace_period_critical_pods_secs: 0.0,
+            shutdown_grace_period_by_pod_priority: Vec::new(),
+            fail_swap_on: true,
+            memory_swap_behavior: "NoSwap".to_string(),
         }
     }
 }
@@ -95,11 +199,191 @@ impl AgentConfig {
                 self.cgroup_root
             ));
         }
+        let non_negative = [
+            (
+                "agent.eviction_pressure_transition_period_secs",
+                self.eviction_pressure_transition_period_secs,
+            ),
+            (
+                "agent.image_minimum_gc_age_secs",
+                self.image_minimum_gc_age_secs,
+            ),
+            (
+                "agent.minimum_container_ttl_secs",
+                self.minimum_container_ttl_secs,
+            ),
+            (
+                "agent.shutdown_grace_period_secs",
+                self.shutdown_grace_period_secs,
+            ),
+            (
+                "agent.shutdown_grace_period_critical_pods_secs",
+                self.shutdown_grace_period_critical_pods_secs,
+            ),
+        ];
+        for (name, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!(
+                    "{name} must be zero or a positive number of seconds"
+                ));
+            }
+        }
+        for (name, v) in [
+            (
+                "agent.eviction_monitoring_period_secs",
+                self.eviction_monitoring_period_secs,
+            ),
+            ("agent.image_gc_period_secs", self.image_gc_period_secs),
+            (
+                "agent.container_gc_period_secs",
+                self.container_gc_period_secs,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{name} must be a positive number of seconds"));
+            }
+        }
+        if self.shutdown_grace_period_critical_pods_secs > self.shutdown_grace_period_secs {
+            return Err(
+                "agent.shutdown_grace_period_critical_pods_secs must not exceed agent.shutdown_grace_period_secs"
+                    .into(),
+            );
+        }
+        if self.image_gc_high_threshold_percent > 100
+            || self.image_gc_low_threshold_percent > self.image_gc_high_threshold_percent
+        {
+            return Err(format!(
+                "agent.image_gc_low_threshold_percent ({}) must not exceed agent.image_gc_high_threshold_percent ({}), which is at most 100",
+                self.image_gc_low_threshold_percent, self.image_gc_high_threshold_percent
+            ));
+        }
+        if !["NoSwap", "LimitedSwap"].contains(&self.memory_swap_behavior.as_str()) {
+            return Err(format!(
+                "agent.memory_swap_behavior {:?} must be NoSwap or LimitedSwap",
+                self.memory_swap_behavior
+            ));
+        }
+        for (section, map) in [
+            ("agent.eviction_hard", &self.eviction_hard),
+            ("agent.eviction_soft", &self.eviction_soft),
+        ] {
+            for (signal, value) in map {
+                if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+                    return Err(format!(
+                        "{section}: unknown eviction signal {signal:?} (known: {})",
+                        EVICTION_SIGNALS.join(", ")
+                    ));
+                }
+                threshold_value(value)
+                    .map_err(|e| format!("{section}.{signal:?} = {value:?}: {e}"))?;
+            }
+        }
+        for signal in self.eviction_soft.keys() {
+            if !self.eviction_soft_grace_period_secs.contains_key(signal) {
+                return Err(format!(
+                    "agent.eviction_soft.{signal:?} needs a grace period in agent.eviction_soft_grace_period_secs"
+                ));
+            }
+        }
+        for (section, map) in [
+            ("agent.system_reserved", &self.system_reserved),
+            ("agent.kube_reserved", &self.kube_reserved),
+        ] {
+            for (resource, value) in map {
+                if !RESERVABLE.contains(&resource.as_str()) {
+                    return Err(format!(
+                        "{section}: unknown resource {resource:?} (known: {})",
+                        RESERVABLE.join(", ")
+                    ));
+                }
+                crate::agent::resources::parse_quantity(value).ok_or_else(|| {
+                    format!("{section}.{resource:?} = {value:?} is not a quantity")
+                })?;
+            }
+        }
         if self.manifest_rescan_ms == 0 || self.sync_period_ms == 0 {
             return Err(
                 "agent.manifest_rescan_ms and agent.sync_period_ms must be positive".into(),
             );
         }
         Ok(())
+    }
+}
+
+/// A threshold's value: an absolute amount or a fraction of capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ThresholdValue {
+    /// An amount (bytes, inodes or process IDs).
+    Quantity(u64),
+    /// A percentage of the signal's capacity (0–100).
+    Percent(f64),
+}
+
+impl ThresholdValue {
+    /// The amount this value stands for, given the signal's capacity.
+    pub fn amount(self, capacity: u64) -> u64 {
+        match self {
+            Self::Quantity(q) => q,
+            Self::Percent(p) => (capacity as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+/// Parses `100Mi`, `1G`, `5%`.
+pub fn threshold_value(text: &str) -> Result<ThresholdValue, String> {
+    let t = text.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?} is not a percentage"))?;
+        if !(0.0..=100.0).contains(&v) {
+            return Err(format!("{text:?} is not between 0% and 100%"));
+        }
+        return Ok(ThresholdValue::Percent(v));
+    }
+    let q = crate::agent::resources::parse_quantity(t)
+        .ok_or_else(|| format!("{text:?} is not a quantity or a percentage"))?;
+    Ok(ThresholdValue::Quantity(q.max(0.0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_the_kubelets() {
+        let c = AgentConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.eviction_hard["memory.available"], "100Mi");
+        assert_eq!(
+            threshold_value("100Mi"),
+            Ok(ThresholdValue::Quantity(100 << 20))
+        );
+        assert_eq!(threshold_value("10%"), Ok(ThresholdValue::Percent(10.0)));
+        assert_eq!(ThresholdValue::Percent(10.0).amount(1000), 100);
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let mut c = AgentConfig::default();
+        c.eviction_hard.insert("memory.avail".into(), "1Gi".into());
+        assert!(c.validate().is_err_and(|e| e.contains("memory.avail")));
+        let mut c = AgentConfig::default();
+        c.eviction_soft
+            .insert("memory.available".into(), "1Gi".into());
+        assert!(c.validate().is_err_and(|e| e.contains("grace period")));
+        let mut c = AgentConfig::default();
+        c.eviction_hard
+            .insert("nodefs.available".into(), "120%".into());
+        assert!(c.validate().is_err());
+        let c = AgentConfig {
+            image_gc_low_threshold_percent: 90,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+        let mut c = AgentConfig::default();
+        c.system_reserved.insert("memory".into(), "lots".into());
+        assert!(c.validate().is_err_and(|e| e.contains("memory")));
     }
 }

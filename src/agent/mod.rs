@@ -18,6 +18,7 @@ pub mod sandbox_config;
 pub mod server;
 pub mod sources;
 pub mod status;
+pub mod swap;
 pub mod volumes;
 pub mod watch;
 pub mod worker;

@@ -15,6 +15,10 @@ struct Cli {
     /// Configuration file (TOML); missing is fine unless given explicitly.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Directory of drop-in configuration files (`*.toml`, applied in file-name order after
+    /// the configuration file; flags still win).
+    #[arg(long, value_name = "DIR")]
+    config_dir: Option<PathBuf>,
     /// Persistent state directory.
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
@@ -104,8 +108,12 @@ enum ConfigCommand {
 
 fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     let mut cfg = match &cli.config {
-        Some(path) => Config::load(path, true)?,
-        None => Config::load(std::path::Path::new(DEFAULT_CONFIG_PATH), false)?,
+        Some(path) => Config::load_with_drop_ins(path, true, cli.config_dir.as_deref())?,
+        None => Config::load_with_drop_ins(
+            std::path::Path::new(DEFAULT_CONFIG_PATH),
+            false,
+            cli.config_dir.as_deref(),
+        )?,
     };
     if let Some(v) = &cli.root {
         cfg.root = v.clone();
