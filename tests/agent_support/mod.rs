@@ -1,0 +1,255 @@
+//! The agent test harness: a berthd with its agent on, its endpoint, manifests and pod helpers.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::common::{Daemon, TempDir, image};
+use k8s_cri::v1 as cri;
+use serde_json::Value;
+
+/// A berthd with its agent on: a manifest dir, a status port, short back-offs and periods.
+pub struct Agent {
+    pub daemon: Daemon,
+    pub manifests: TempDir,
+    pub logs: TempDir,
+    /// Holds the config file (read again when the test restarts berthd).
+    pub _conf: TempDir,
+    pub port: u16,
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Agent {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// With extra berthd flags (e.g. a CNI conf dir).
+    pub fn start_with(extra: &[String]) -> Self {
+        Self::start_with_config(extra, "")
+    }
+
+    /// With extra berthd flags and extra lines for the `[agent]` section of the config file.
+    pub fn start_with_config(extra: &[String], agent_toml: &str) -> Self {
+        let manifests = TempDir::new("manifests");
+        let logs = TempDir::new("podlogs");
+        let conf = TempDir::new("agentconf");
+        let port = free_port();
+        let config = conf.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
+                 node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
+                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{agent_toml}\n",
+                logs.path(),
+                conf.path().file_name().and_then(|n| n.to_str()).unwrap_or("agent")
+            ),
+        )
+        .expect("config");
+        let args = [
+            "--config".to_string(),
+            config.display().to_string(),
+            "--manifest-dir".to_string(),
+            manifests.path().display().to_string(),
+            "--agent-address".to_string(),
+            format!("127.0.0.1:{port}"),
+        ];
+        let args: Vec<&str> = args.iter().chain(extra).map(String::as_str).collect();
+        let daemon = Daemon::start_with(&args);
+        let a = Self {
+            daemon,
+            manifests,
+            logs,
+            _conf: conf,
+            port,
+        };
+        a.wait("the agent endpoint", Duration::from_secs(20), |a| {
+            a.get("/healthz").0 == 200
+        });
+        a
+    }
+
+    /// GET `path` on the agent endpoint: status code and JSON body (Null when not JSON).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return (0, Value::Null);
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, Value::Null);
+        }
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        let (code, v) = self.get(&format!("/pods/{ns}/{name}"));
+        (code == 200).then_some(v)
+    }
+
+    pub fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if f(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out waiting for {what}\n/pods: {}\nberthd log tail:\n{}",
+            self.get("/pods").1,
+            tail(&self.daemon.log(), 60)
+        );
+    }
+
+    /// Waits for a pod matching `f`; returns it.
+    pub fn wait_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        mut f: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let mut found = Value::Null;
+        self.wait(what, Duration::from_secs(60), |a| match a.pod(ns, name) {
+            Some(p) if f(&p) => {
+                found = p;
+                true
+            }
+            _ => false,
+        });
+        found
+    }
+
+    /// The agent's cgroup root (unique per test).
+    pub fn cgroup_root(&self) -> String {
+        let name = self
+            ._conf
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        format!("/{name}/kubepods")
+    }
+
+    pub fn manifest(&self, file: &str) -> PathBuf {
+        self.manifests.path().join(file)
+    }
+
+    pub fn write(&self, file: &str, text: &str) {
+        // Write then rename, as editors and config managers do, so a scan never sees half a file.
+        let tmp = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, self.manifest(file)).expect("rename manifest");
+    }
+
+    /// Removes every manifest and waits until the agent removed every pod and sandbox.
+    pub async fn finish(&self) {
+        for e in std::fs::read_dir(self.manifests.path())
+            .expect("dir")
+            .flatten()
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+        self.wait("all pods gone", Duration::from_secs(90), |a| {
+            a.get("/pods").1["items"]
+                .as_array()
+                .is_some_and(|v| v.is_empty())
+        });
+        let c = self.daemon.client().await;
+        for _ in 0..300 {
+            if sandboxes(&c).await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("sandboxes left: {:?}", sandboxes(&c).await);
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub async fn sandboxes(c: &berth::client::CriClient) -> Vec<cri::PodSandbox> {
+    c.runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items
+}
+
+pub async fn containers(c: &berth::client::CriClient) -> Vec<cri::Container> {
+    c.runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers
+}
+
+/// A host-network pod manifest with one busybox container running `script`.
+pub fn pod_yaml(name: &str, script: &str, extra_spec: &str, extra_container: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{extra_spec}  containers:\n  - name: main\n    image: {img}\n    command: [\"sh\", \"-c\", {script:?}]\n{extra_container}",
+        img = image("busybox")
+    )
+}
+
+pub fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|v| v.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+pub fn condition(pod: &Value, kind: &str) -> String {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|v| v.iter().find(|c| c["type"] == kind))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+pub fn running(pod: &Value, name: &str) -> bool {
+    pod["status"]["phase"] == "Running" && !container(pod, name)["state"]["running"].is_null()
+}
+
+pub fn restarts(pod: &Value, name: &str) -> i64 {
+    container(pod, name)["restartCount"].as_i64().unwrap_or(0)
+}
+
+pub fn waiting_reason(pod: &Value, name: &str) -> String {
+    container(pod, name)["state"]["waiting"]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+pub fn log_dir(a: &Agent, pod: &Value) -> PathBuf {
+    a.logs.path().join(format!(
+        "{}_{}_{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or(""),
+        pod["metadata"]["name"].as_str().unwrap_or(""),
+        pod["metadata"]["uid"].as_str().unwrap_or("")
+    ))
+}
