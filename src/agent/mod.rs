@@ -6,6 +6,8 @@
 pub mod backoff;
 pub mod config;
 pub mod container_config;
+pub mod eviction;
+pub mod gc;
 pub mod hooks;
 pub mod labels;
 pub mod manifest;
@@ -19,6 +21,7 @@ pub mod server;
 pub mod sources;
 pub mod status;
 pub mod swap;
+pub mod terminate;
 pub mod volumes;
 pub mod watch;
 pub mod worker;
@@ -69,6 +72,12 @@ pub struct AgentContext {
     pub pods: PodRegistry,
     /// The shared relist of sandboxes and containers.
     pub relist: Arc<relist::Relist>,
+    /// Pods to end before their manifest does (eviction, node shutdown).
+    pub terminations: terminate::Terminations,
+    /// The node's pressure conditions, for admission.
+    pub pressure: terminate::Pressure,
+    /// The effective agent configuration.
+    pub config: Arc<AgentConfig>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -114,6 +123,9 @@ pub async fn start(
         sync_period: Duration::from_millis(cfg.sync_period_ms),
         pods: PodRegistry::default(),
         relist: Default::default(),
+        terminations: Default::default(),
+        pressure: Default::default(),
+        config: Arc::new(cfg.clone()),
     });
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),
@@ -137,6 +149,8 @@ pub async fn start(
     ));
     tokio::spawn(node_status.clone().heartbeat());
     tokio::spawn(node_status.run());
+    tokio::spawn(eviction::run(ctx.clone()));
+    tokio::spawn(gc::run(ctx.clone()));
     tokio::spawn(sources::run(
         ctx,
         cfg.manifest_dir.clone(),

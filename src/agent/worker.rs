@@ -64,6 +64,11 @@ pub struct PodWorker {
     sandbox_since: Instant,
     /// The pod IP was read for the current sandbox.
     ip_known: bool,
+    /// The pod passed admission (or was adopted running).
+    admitted: bool,
+    /// The pod was ended for good before its manifest was (evicted, refused, node shutdown):
+    /// reason and message of its Failed phase.
+    ended: Option<(String, String)>,
 }
 
 /// Back-off key of sandbox creation (container names cannot contain '/').
@@ -94,6 +99,8 @@ impl PodWorker {
             last_action: Instant::now(),
             sandbox_since: Instant::now(),
             ip_known: false,
+            admitted: false,
+            ended: None,
         }
     }
 
@@ -201,6 +208,19 @@ impl PodWorker {
             if *stop.borrow() {
                 break;
             }
+            if self.ended.is_none()
+                && let Some(t) = self.ctx.terminations.requested(&self.desired.uid)
+            {
+                self.end(&t.reason, &t.message, t.grace_secs).await;
+            }
+            if self.ended.is_some() {
+                self.publish();
+                tokio::select! {
+                    _ = stop.changed() => {}
+                    _ = tokio::time::sleep(period * 10) => {}
+                }
+                continue;
+            }
             self.acted = false;
             self.mutated = false;
             let synced = self.sync().await;
@@ -226,10 +246,12 @@ impl PodWorker {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
                 _ = stop.changed() => {}
+                _ = self.ctx.terminations.changed() => {}
             }
         }
         tracing::info!(pod = %pod, "terminating pod");
         self.terminate().await;
+        self.ctx.terminations.forget(&self.desired.uid);
         super::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
         // The pod is gone for good: so are its logs (the kubelet removes them too).
         let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
@@ -244,6 +266,9 @@ impl PodWorker {
 
     async fn sync(&mut self) -> Result<(), String> {
         self.ensure_sandbox().await?;
+        if self.ended.is_some() {
+            return Ok(());
+        }
         self.observe().await?;
         let spec = self.spec();
         let policy = self.restart_policy();
@@ -376,8 +401,19 @@ impl PodWorker {
                 }
             }
             if self.sandbox.is_some() {
+                self.admitted = true;
                 return Box::pin(self.ensure_sandbox()).await;
             }
+        }
+        if !self.admitted {
+            let qos = super::resources::qos_class(&self.spec());
+            let critical = super::terminate::is_critical(self.pod());
+            if let Some(why) = self.ctx.pressure.refusal(qos, critical) {
+                tracing::warn!(pod = %self.pod_ref(), reason = %why, "pod not admitted");
+                self.ended = Some(("Evicted".into(), why));
+                return Ok(());
+            }
+            self.admitted = true;
         }
         let attempt = self.next_attempt;
         let now = Instant::now();
@@ -432,8 +468,30 @@ impl PodWorker {
     }
 
     async fn remove_sandbox(&self, id: &str) {
+        self.stop_containers(id, self.grace()).await;
         let mut rt = self.ctx.client.runtime();
-        let grace = self.grace();
+        if let Err(e) = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            })
+            .await
+        {
+            tracing::warn!(sandbox = id, error = %e.message(), "StopPodSandbox failed");
+        }
+        if let Err(e) = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            })
+            .await
+        {
+            tracing::warn!(sandbox = id, error = %e.message(), "RemovePodSandbox failed");
+        }
+    }
+
+    /// Stops the sandbox's running containers at once, each after its preStop hook, within
+    /// `grace` seconds.
+    async fn stop_containers(&self, id: &str, grace: i64) {
+        let mut rt = self.ctx.client.runtime();
         if let Ok(list) = rt
             .list_containers(cri::ListContainersRequest {
                 filter: Some(cri::ContainerFilter {
@@ -466,22 +524,6 @@ impl PodWorker {
                     }
                 });
             futures_util::future::join_all(stops).await;
-        }
-        if let Err(e) = rt
-            .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            })
-            .await
-        {
-            tracing::warn!(sandbox = id, error = %e.message(), "StopPodSandbox failed");
-        }
-        if let Err(e) = rt
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            })
-            .await
-        {
-            tracing::warn!(sandbox = id, error = %e.message(), "RemovePodSandbox failed");
         }
     }
 
@@ -848,6 +890,40 @@ impl PodWorker {
         }
     }
 
+    /// Ends the pod for good before its manifest does (eviction, node shutdown): stops its
+    /// containers within `grace_secs` (the pod's own period when None), running preStop hooks,
+    /// then its sandbox (kept, as the kubelet keeps an evicted pod's, until the manifest goes),
+    /// and leaves the pod Failed with `reason` and `message`.
+    async fn end(&mut self, reason: &str, message: &str, grace_secs: Option<i64>) {
+        tracing::info!(pod = %self.pod_ref(), reason, message, "ending pod");
+        self.drop_all_probes();
+        if let Some((id, _)) = self.sandbox.clone() {
+            let grace = grace_secs.unwrap_or_else(|| self.grace()).max(0);
+            self.stop_containers(&id, grace).await;
+            if let Err(e) = self
+                .ctx
+                .client
+                .runtime()
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+            {
+                tracing::warn!(sandbox = %id, error = %e.message(), "StopPodSandbox failed");
+            }
+            self.last_action = Instant::now();
+            if let Err(e) = self.observe().await {
+                tracing::debug!(pod = %self.pod_ref(), error = %e, "observing an ended pod");
+            }
+        }
+        for t in self.tracks.values_mut() {
+            t.waiting = None;
+        }
+        self.ended = Some((reason.to_string(), message.to_string()));
+        self.publish();
+        self.ctx.terminations.mark_done(&self.desired.uid);
+    }
+
     /// Stops the containers within the grace period, then stops and removes the sandbox.
     async fn terminate(&mut self) {
         self.drop_all_probes();
@@ -966,7 +1042,11 @@ impl PodWorker {
             all_ready &= st.ready;
             statuses.push(st);
         }
-        let phase = status::phase(&policy, &counts);
+        let phase = if self.ended.is_some() {
+            "Failed"
+        } else {
+            status::phase(&policy, &counts)
+        };
         let sandbox_ready = self.sandbox.is_some();
         let initialized = !init_pending || self.init_failed;
         let conditions = vec![
@@ -1000,7 +1080,11 @@ impl PodWorker {
             pod_ips: (!pod_ip.is_empty()).then(|| vec![PodIP { ip: pod_ip.clone() }]),
             qos_class: Some(super::resources::qos_class(&spec).to_string()),
             start_time: Some(self.start_time.clone()),
-            message: self.message.clone(),
+            message: match &self.ended {
+                Some((_, m)) => Some(m.clone()),
+                None => self.message.clone(),
+            },
+            reason: self.ended.as_ref().map(|(r, _)| r.clone()),
             ..Default::default()
         });
         self.ctx
