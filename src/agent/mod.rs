@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod config;
 pub mod container_config;
 pub mod eviction;
+pub mod eviction_signals;
 pub mod gc;
 pub mod hooks;
 pub mod labels;

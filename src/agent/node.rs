@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use super::AgentContext;
 use super::config::AgentConfig;
 use super::status;
+use super::{eviction, eviction_signals};
 
 /// Who this node is.
 #[derive(Debug, Clone)]
@@ -96,11 +97,6 @@ fn arch() -> &'static str {
     }
 }
 
-/// The eviction-hard defaults of the kubelet, as amounts of this machine.
-const MEMORY_EVICTION_HARD: u64 = 100 * 1024 * 1024;
-const NODEFS_EVICTION_HARD_PCT: f64 = 10.0;
-const NODEFS_INODES_EVICTION_HARD_PCT: f64 = 5.0;
-
 #[derive(Default)]
 struct Inner {
     node: Option<Node>,
@@ -125,6 +121,8 @@ pub struct ReportCounters {
     pub heartbeats: u64,
     /// Where the lease is written.
     pub lease_file: PathBuf,
+    /// The eviction manager's latest signals, thresholds, conditions and evictions.
+    pub eviction: eviction::EvictionReport,
 }
 
 /// The node status loop and its latest result.
@@ -188,6 +186,7 @@ impl NodeStatus {
             status_file: self.status_file.clone(),
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
             lease_file: self.lease_file.clone(),
+            eviction: eviction::report(&self.ctx),
         }
     }
 
@@ -310,24 +309,10 @@ impl NodeStatus {
                 None => Some(format!("{n} unknown (CRI Status failed)")),
             })
             .collect();
-        let disk = rustix::fs::statvfs(&self.disk).ok();
-        let (disk_total, disk_avail, inodes_total, inodes_free) = disk
-            .map(|s| {
-                (
-                    s.f_blocks * s.f_frsize,
-                    s.f_bavail * s.f_frsize,
-                    s.f_files,
-                    s.f_favail,
-                )
-            })
-            .unwrap_or_default();
-        let mem_avail = meminfo("MemAvailable").unwrap_or(id.memory_bytes);
-        let memory_pressure = mem_avail < MEMORY_EVICTION_HARD;
-        let disk_pressure = disk_total > 0
-            && ((disk_avail as f64) < disk_total as f64 * NODEFS_EVICTION_HARD_PCT / 100.0
-                || (inodes_total > 0
-                    && (inodes_free as f64)
-                        < inodes_total as f64 * NODEFS_INODES_EVICTION_HARD_PCT / 100.0));
+        let pressure = &self.ctx.pressure;
+        let memory_pressure = pressure.memory.load(Ordering::Relaxed);
+        let disk_pressure = pressure.disk.load(Ordering::Relaxed);
+        let pid_pressure = pressure.pid.load(Ordering::Relaxed);
         let conditions = vec![
             if memory_pressure {
                 self.condition(
@@ -359,12 +344,21 @@ impl NodeStatus {
                     "kubelet has no disk pressure",
                 )
             },
-            self.condition(
-                "PIDPressure",
-                false,
-                "KubeletHasSufficientPID",
-                "kubelet has sufficient PID available",
-            ),
+            if pid_pressure {
+                self.condition(
+                    "PIDPressure",
+                    true,
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available",
+                )
+            } else {
+                self.condition(
+                    "PIDPressure",
+                    false,
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                )
+            },
             if not_ready.is_empty() {
                 self.condition(
                     "Ready",
@@ -384,34 +378,14 @@ impl NodeStatus {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let q = |s: String| Quantity(s);
-        let mut capacity = BTreeMap::new();
-        capacity.insert("cpu".to_string(), q(cpus.to_string()));
-        capacity.insert(
-            "memory".to_string(),
-            q(format!("{}Ki", id.memory_bytes / 1024)),
-        );
-        capacity.insert(
-            "ephemeral-storage".to_string(),
-            q(format!("{}Ki", disk_total / 1024)),
-        );
-        capacity.insert("pods".to_string(), q("110".into()));
-        capacity.insert("hugepages-2Mi".to_string(), q("0".into()));
-        capacity.insert("hugepages-1Gi".to_string(), q("0".into()));
-        let mut allocatable = capacity.clone();
-        allocatable.insert(
-            "memory".to_string(),
-            q(format!(
-                "{}Ki",
-                id.memory_bytes.saturating_sub(MEMORY_EVICTION_HARD) / 1024
-            )),
-        );
-        allocatable.insert(
-            "ephemeral-storage".to_string(),
-            q(format!(
-                "{}",
-                (disk_total as f64 * (1.0 - NODEFS_EVICTION_HARD_PCT / 100.0)) as u64
-            )),
+        let disk_total = self.nodefs_capacity();
+        let (capacity, allocatable) = capacity_and_allocatable(
+            &Capacity {
+                cpus: cpus as u64,
+                memory: id.memory_bytes,
+                ephemeral_storage: disk_total,
+            },
+            &self.ctx.config,
         );
         let images = self.images().await;
         let mut addresses = Vec::new();
@@ -469,6 +443,15 @@ impl NodeStatus {
         }
     }
 
+    /// Size of nodefs (the filesystem of the pods' directories and logs, as the eviction
+    /// manager reads it), or of the root dir when neither can be read.
+    fn nodefs_capacity(&self) -> u64 {
+        let paths = [self.ctx.pods_dir.clone(), self.ctx.pod_log_dir.clone()];
+        eviction_signals::nodefs(&paths)
+            .or_else(|| eviction_signals::fs_stats(&self.disk))
+            .map_or(0, |f| f.bytes.capacity)
+    }
+
     /// The largest images first, at most `max_images` (-1: all).
     async fn images(&self) -> Vec<ContainerImage> {
         if self.max_images == 0 {
@@ -495,6 +478,80 @@ impl NodeStatus {
     }
 }
 
+/// What the node has, before reservations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    /// CPUs.
+    pub cpus: u64,
+    /// Memory in bytes.
+    pub memory: u64,
+    /// nodefs size in bytes.
+    pub ephemeral_storage: u64,
+}
+
+/// A reservation of `resource` in base units (cores for cpu), system plus kube.
+fn reserved(cfg: &AgentConfig, resource: &str) -> f64 {
+    [&cfg.system_reserved, &cfg.kube_reserved]
+        .iter()
+        .filter_map(|m| m.get(resource))
+        .filter_map(|q| super::resources::parse_quantity(q))
+        .sum()
+}
+
+/// The hard eviction threshold of `signal` as an amount of `capacity` (0 when none).
+fn hard_threshold(cfg: &AgentConfig, signal: &str, capacity: u64) -> u64 {
+    cfg.eviction_hard
+        .get(signal)
+        .and_then(|v| super::config::threshold_value(v).ok())
+        .map_or(0, |v| v.amount(capacity))
+}
+
+/// The node's capacity and allocatable, as the kubelet: allocatable = capacity −
+/// system-reserved − kube-reserved − the hard eviction threshold (memory.available for memory,
+/// nodefs.available for ephemeral-storage), never below zero; pods and hugepages as capacity.
+pub fn capacity_and_allocatable(
+    c: &Capacity,
+    cfg: &AgentConfig,
+) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+    let q = |s: String| Quantity(s);
+    let mut capacity = BTreeMap::new();
+    capacity.insert("cpu".to_string(), q(c.cpus.to_string()));
+    capacity.insert("memory".to_string(), q(format!("{}Ki", c.memory / 1024)));
+    capacity.insert(
+        "ephemeral-storage".to_string(),
+        q(format!("{}Ki", c.ephemeral_storage / 1024)),
+    );
+    capacity.insert("pods".to_string(), q("110".into()));
+    capacity.insert("hugepages-2Mi".to_string(), q("0".into()));
+    capacity.insert("hugepages-1Gi".to_string(), q("0".into()));
+    let mut allocatable = capacity.clone();
+    let millicpu =
+        (c.cpus as f64 * 1000.0 - (reserved(cfg, "cpu") * 1000.0).round()).max(0.0) as u64;
+    let cpu = if millicpu % 1000 == 0 {
+        (millicpu / 1000).to_string()
+    } else {
+        format!("{millicpu}m")
+    };
+    allocatable.insert("cpu".to_string(), q(cpu));
+    let left = |total: u64, resource: &str, signal: &str| {
+        let minus = reserved(cfg, resource).max(0.0) as u64 + hard_threshold(cfg, signal, total);
+        eviction::format_bytes(total.saturating_sub(minus))
+    };
+    allocatable.insert(
+        "memory".to_string(),
+        q(left(c.memory, "memory", "memory.available")),
+    );
+    allocatable.insert(
+        "ephemeral-storage".to_string(),
+        q(left(
+            c.ephemeral_storage,
+            "ephemeral-storage",
+            "nodefs.available",
+        )),
+    );
+    (capacity, allocatable)
+}
+
 /// The node without heartbeat times: what must change for a report.
 fn meaningful(node: &Node) -> String {
     let mut n = node.clone();
@@ -514,4 +571,44 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocatable_is_capacity_minus_reserves_and_hard_eviction() {
+        let c = Capacity {
+            cpus: 4,
+            memory: 8 << 30,
+            ephemeral_storage: 100 << 30,
+        };
+        let (cap, alloc) = capacity_and_allocatable(&c, &AgentConfig::default());
+        assert_eq!(cap["memory"].0, "8388608Ki");
+        assert_eq!(alloc["cpu"].0, "4");
+        // Default hard thresholds: memory.available 100Mi, nodefs.available 10%.
+        assert_eq!(alloc["memory"].0, format!("{}Mi", 8 * 1024 - 100));
+        assert_eq!(
+            alloc["ephemeral-storage"].0,
+            eviction::format_bytes(90 << 30)
+        );
+        let mut cfg = AgentConfig::default();
+        cfg.system_reserved.insert("memory".into(), "1Gi".into());
+        cfg.system_reserved.insert("cpu".into(), "250m".into());
+        cfg.kube_reserved.insert("cpu".into(), "500m".into());
+        cfg.kube_reserved
+            .insert("ephemeral-storage".into(), "10Gi".into());
+        cfg.eviction_hard
+            .insert("memory.available".into(), "1Gi".into());
+        let (_, alloc) = capacity_and_allocatable(&c, &cfg);
+        assert_eq!(alloc["cpu"].0, "3250m");
+        assert_eq!(alloc["memory"].0, "6Gi");
+        assert_eq!(alloc["ephemeral-storage"].0, "80Gi");
+        assert_eq!(alloc["pods"].0, "110");
+        cfg.eviction_hard
+            .insert("memory.available".into(), "1000Gi".into());
+        let (_, alloc) = capacity_and_allocatable(&c, &cfg);
+        assert_eq!(alloc["memory"].0, "0");
+    }
 }
