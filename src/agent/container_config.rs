@@ -71,7 +71,12 @@ pub fn container_config(
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(cri::LinuxContainerConfig {
-            resources: Some(resources::linux_resources(c, ctx.qos, ctx.memory_capacity)),
+            resources: Some(resources::linux_resources(
+                c,
+                ctx.qos,
+                ctx.memory_capacity,
+                &resources::node_swap(),
+            )),
             security_context: Some(cri::LinuxContainerSecurityContext {
                 capabilities: Some(cri::Capability {
                     add_capabilities: caps.add.clone().unwrap_or_default(),

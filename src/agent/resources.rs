@@ -115,11 +115,135 @@ pub fn oom_score_adj(qos: &str, memory_request: Option<f64>, memory_capacity: f6
     }
 }
 
-/// CRI resources of a container: CPU shares/quota from requests/limits, memory limit, OOM score.
+/// How containers may use the node's swap (the kubelet's `memorySwap.swapBehavior`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwapBehavior {
+    /// No container swaps.
+    NoSwap,
+    /// Burstable containers swap in proportion to their memory request.
+    LimitedSwap,
+}
+
+impl SwapBehavior {
+    /// The behaviour named in the config (`NoSwap` for anything but `LimitedSwap`).
+    pub fn from_name(name: &str) -> Self {
+        if name == "LimitedSwap" {
+            Self::LimitedSwap
+        } else {
+            Self::NoSwap
+        }
+    }
+}
+
+/// The node's swap as container configs need it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeSwap {
+    /// The configured behaviour.
+    pub behavior: SwapBehavior,
+    /// `SwapTotal` of the node in bytes.
+    pub swap_capacity: u64,
+    /// Whether the memory cgroup can limit swap (v1 `memory.memsw.*`, v2 `memory.swap.max`).
+    pub controller: bool,
+}
+
+static NODE_SWAP: std::sync::OnceLock<NodeSwap> = std::sync::OnceLock::new();
+
+/// Records the configured swap behaviour with the node's swap facts (once, at agent start).
+pub fn init_node_swap(behavior: &str) -> NodeSwap {
+    *NODE_SWAP.get_or_init(|| detect_node_swap(SwapBehavior::from_name(behavior)))
+}
+
+/// The node's swap: as initialised at agent start, else detected with `NoSwap`.
+pub fn node_swap() -> NodeSwap {
+    NODE_SWAP
+        .get()
+        .copied()
+        .unwrap_or_else(|| detect_node_swap(SwapBehavior::NoSwap))
+}
+
+fn detect_node_swap(behavior: SwapBehavior) -> NodeSwap {
+    let swap_capacity = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| meminfo_bytes(&t, "SwapTotal"))
+        .unwrap_or(0);
+    NodeSwap {
+        behavior,
+        swap_capacity,
+        controller: swap_controller_available(),
+    }
+}
+
+/// A `/proc/meminfo` field (`SwapTotal:  1024 kB`) in bytes.
+pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+        let kib: u64 = rest.split_whitespace().next()?.parse().ok()?;
+        Some(kib * 1024)
+    })
+}
+
+/// Whether the memory cgroup of this node limits swap, as the kubelet checks it.
+fn swap_controller_available() -> bool {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.controllers").exists() {
+        // cgroup v2: the root has no memory.swap.max; look at our own cgroup.
+        std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|t| unified_cgroup(&t))
+            .is_some_and(|p| root.join(p).join("memory.swap.max").exists())
+    } else {
+        root.join("memory/memory.memsw.limit_in_bytes").exists()
+    }
+}
+
+/// The cgroup v2 path (`0::/a/b` → `a/b`) in `/proc/self/cgroup` text.
+pub fn unified_cgroup(proc_self_cgroup: &str) -> Option<String> {
+    proc_self_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().trim_start_matches('/').to_string())
+}
+
+/// Swap (bytes) a container may use beyond its memory: with `LimitedSwap` only Burstable
+/// containers that request less memory than their limit get `request / capacity × swap`.
+pub fn swap_allowance(
+    qos: &str,
+    memory_request: Option<f64>,
+    memory_limit: Option<f64>,
+    memory_capacity: f64,
+    swap: &NodeSwap,
+) -> i64 {
+    let request = memory_request.unwrap_or(0.0);
+    if swap.behavior != SwapBehavior::LimitedSwap
+        || qos != "Burstable"
+        || request <= 0.0
+        || memory_limit == Some(request)
+        || memory_capacity <= 0.0
+    {
+        return 0;
+    }
+    (request / memory_capacity * swap.swap_capacity as f64) as i64
+}
+
+/// CRI `memory_swap_limit_in_bytes` (memory plus swap, runc semantics; 0: unset) of a
+/// container: its memory limit plus its swap allowance; unset without a memory limit (memory
+/// plus swap cannot be bounded then) or when the cgroup cannot limit swap.
+pub fn memory_swap_limit(c: &Container, qos: &str, memory_capacity: f64, swap: &NodeSwap) -> i64 {
+    let a = amounts(c);
+    let limit = a.memory_limit.map(|m| m as i64).unwrap_or(0);
+    if limit <= 0 || !swap.controller {
+        return 0;
+    }
+    limit + swap_allowance(qos, a.memory_request, a.memory_limit, memory_capacity, swap)
+}
+
+/// CRI resources of a container: CPU shares/quota from requests/limits, memory and swap
+/// limits, OOM score.
 pub fn linux_resources(
     c: &Container,
     qos: &str,
     memory_capacity: f64,
+    swap: &NodeSwap,
 ) -> cri::LinuxContainerResources {
     let a = amounts(c);
     let period = 100_000i64;
@@ -136,6 +260,7 @@ pub fn linux_resources(
         cpu_quota: quota,
         cpu_shares: shares,
         memory_limit_in_bytes: a.memory_limit.map(|m| m as i64).unwrap_or(0),
+        memory_swap_limit_in_bytes: memory_swap_limit(c, qos, memory_capacity, swap),
         oom_score_adj: oom_score_adj(qos, a.memory_request, memory_capacity),
         ..Default::default()
     }
@@ -177,5 +302,114 @@ mod tests {
         assert_eq!(oom_score_adj("Burstable", Some(0.0), 100.0), 999);
         assert_eq!(oom_score_adj("Burstable", Some(100.0), 100.0), 3);
         assert_eq!(oom_score_adj("Burstable", Some(50.0), 100.0), 500);
+    }
+
+    fn container(resources: serde_json::Value) -> Container {
+        serde_json::from_value(serde_json::json!({
+            "name": "c", "image": "i", "resources": resources
+        }))
+        .expect("container")
+    }
+
+    const GI: i64 = 1 << 30;
+
+    fn node(behavior: SwapBehavior) -> NodeSwap {
+        NodeSwap {
+            behavior,
+            swap_capacity: 4 << 30,
+            controller: true,
+        }
+    }
+
+    /// memory_swap_limit_in_bytes of a container alone in its pod, on a 16 GiB node.
+    fn swap_limit(resources: serde_json::Value, swap: &NodeSwap) -> (&'static str, i64) {
+        let c = container(resources);
+        let spec = PodSpec {
+            containers: vec![c.clone()],
+            ..Default::default()
+        };
+        let qos = qos_class(&spec);
+        (
+            qos,
+            linux_resources(&c, qos, (16 * GI) as f64, swap).memory_swap_limit_in_bytes,
+        )
+    }
+
+    #[test]
+    fn no_swap_caps_memory_plus_swap_at_the_memory_limit() {
+        let no = node(SwapBehavior::NoSwap);
+        let guaranteed = serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}});
+        let burstable =
+            serde_json::json!({"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}});
+        assert_eq!(swap_limit(guaranteed, &no), ("Guaranteed", GI));
+        assert_eq!(swap_limit(burstable, &no), ("Burstable", 2 * GI));
+        // Without a memory limit there is nothing to cap (and BestEffort has none).
+        assert_eq!(swap_limit(serde_json::json!({}), &no), ("BestEffort", 0));
+        let request_only = serde_json::json!({"requests": {"memory": "1Gi"}});
+        assert_eq!(swap_limit(request_only, &no), ("Burstable", 0));
+    }
+
+    #[test]
+    fn limited_swap_gives_burstable_containers_their_share_of_swap() {
+        let limited = node(SwapBehavior::LimitedSwap);
+        // 2 GiB of 16 GiB requested: 1/8 of 4 GiB swap on top of the 3 GiB limit.
+        let burstable =
+            serde_json::json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "3Gi"}});
+        assert_eq!(
+            swap_limit(burstable.clone(), &limited),
+            ("Burstable", 3 * GI + GI / 2)
+        );
+        let guaranteed = serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}});
+        assert_eq!(swap_limit(guaranteed, &limited), ("Guaranteed", GI));
+        assert_eq!(
+            swap_limit(serde_json::json!({}), &limited),
+            ("BestEffort", 0)
+        );
+        // A memory request defaulting to the limit: nothing to swap.
+        let cpu_only = serde_json::json!({"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}});
+        assert_eq!(swap_limit(cpu_only, &limited).1, GI);
+        // A cgroup that cannot limit swap gets no swap setting at all.
+        let no_controller = NodeSwap {
+            controller: false,
+            ..limited
+        };
+        assert_eq!(swap_limit(burstable, &no_controller).1, 0);
+        assert_eq!(
+            swap_allowance(
+                "Burstable",
+                Some(GI as f64),
+                None,
+                (16 * GI) as f64,
+                &limited
+            ),
+            GI / 4
+        );
+        assert_eq!(
+            swap_allowance(
+                "Burstable",
+                Some(GI as f64),
+                None,
+                (16 * GI) as f64,
+                &node(SwapBehavior::NoSwap)
+            ),
+            0
+        );
+    }
+
+    #[test]
+    fn reads_swap_facts() {
+        let meminfo = "MemTotal:       16384 kB\nSwapTotal:       2048 kB\nSwapFree: 0 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "SwapTotal"), Some(2048 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "Swap"), None);
+        assert_eq!(
+            unified_cgroup("0::/system.slice/berthd.service\n").as_deref(),
+            Some("system.slice/berthd.service")
+        );
+        assert_eq!(unified_cgroup("4:memory:/x\n"), None);
+        assert_eq!(
+            SwapBehavior::from_name("LimitedSwap"),
+            SwapBehavior::LimitedSwap
+        );
+        assert_eq!(SwapBehavior::from_name("NoSwap"), SwapBehavior::NoSwap);
     }
 }

@@ -1223,7 +1223,11 @@ fn resources_spec(
         any_mem = true;
     }
     match r.memory_swap_limit_in_bytes {
+        // Memory plus swap is bounded only with memory bounded: without a memory limit the
+        // setting is dropped, as containerd does (libcontainer refuses swap without a limit
+        // on cgroup v2, and v1 takes a memsw limit only at or above the memory limit).
         0 => {}
+        _ if r.memory_limit_in_bytes == 0 => {}
         -1 => {
             mem = mem.swap(-1);
             any_mem = true;

@@ -842,6 +842,28 @@ fn resources_map_to_linux_resources() {
 
     f.resources().memory_swap_limit_in_bytes = 1;
     invalid(&f, "resources.memory_swap_limit_in_bytes");
+    // NoSwap: memory plus swap equal to the memory limit (libcontainer writes
+    // memory.swap.max = swap - limit = 0 on cgroup v2, memsw = limit on v1).
+    f.resources().memory_swap_limit_in_bytes = 256 << 20;
+    let mem = linux(&f.spec())
+        .resources()
+        .clone()
+        .unwrap()
+        .memory()
+        .unwrap();
+    assert_eq!(
+        (mem.limit(), mem.swap()),
+        (Some(256 << 20), Some(256 << 20))
+    );
+    // Swap without a memory limit cannot be bounded: dropped, not handed to libcontainer
+    // (which fails the create on cgroup v2).
+    f.resources().memory_limit_in_bytes = 0;
+    for swap in [512 << 20, -1] {
+        f.resources().memory_swap_limit_in_bytes = swap;
+        let r = linux(&f.spec()).resources().clone().unwrap();
+        assert_eq!(r.memory().and_then(|m| m.swap()), None, "swap {swap}");
+    }
+    f.resources().memory_limit_in_bytes = 256 << 20;
     f.resources().memory_swap_limit_in_bytes = 0;
     f.resources().memory_limit_in_bytes = -5;
     invalid(&f, "resources.memory_limit_in_bytes");
