@@ -20,6 +20,7 @@ pub mod resources;
 pub mod sandbox_config;
 pub mod server;
 pub mod sources;
+pub mod shutdown;
 pub mod status;
 pub mod swap;
 pub mod terminate;
@@ -144,9 +145,12 @@ pub async fn start(
     tracing::info!(address = %cfg.address, manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
     tokio::spawn(server::serve(
         listener,
-        ctx.clone(),
-        node_status.clone(),
-        Arc::new(cfg.clone()),
+        Arc::new(server::Endpoint {
+            ctx: ctx.clone(),
+            node: node_status.clone(),
+            config: Arc::new(cfg.clone()),
+            shutdown: shutdown::ShutdownManager::new(ctx.clone()),
+        }),
     ));
     tokio::spawn(node_status.clone().heartbeat());
     tokio::spawn(node_status.run());

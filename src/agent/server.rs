@@ -1,6 +1,7 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
 //! `/node`, `/node/reports`, `/manifests` (per-file manifest errors) and `/configz` (the
-//! effective agent configuration).
+//! effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
+//! node shutdown and answers with its report when every pod has ended.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,16 +16,24 @@ use k8s_openapi::api::core::v1::Pod;
 use super::AgentContext;
 use super::config::AgentConfig;
 use super::node::NodeStatus;
+use super::shutdown::{ShutdownError, ShutdownManager};
+
+/// What the endpoint serves from.
+pub struct Endpoint {
+    /// The agent.
+    pub ctx: Arc<AgentContext>,
+    /// The node status loop.
+    pub node: Arc<NodeStatus>,
+    /// The effective configuration.
+    pub config: Arc<AgentConfig>,
+    /// Graceful node shutdown.
+    pub shutdown: Arc<ShutdownManager>,
+}
 
 /// Serves the endpoint on `listener` forever.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    ctx: Arc<AgentContext>,
-    node: Arc<NodeStatus>,
-    config: Arc<AgentConfig>,
-) {
+pub async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "agent endpoint: accept failed");
@@ -32,15 +41,20 @@ pub async fn serve(
                 continue;
             }
         };
-        let ctx = ctx.clone();
-        let node = node.clone();
-        let config = config.clone();
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let ctx = ctx.clone();
-                let node = node.clone();
-                let config = config.clone();
-                async move { Ok::<_, Infallible>(route(&req, &ctx, &node, &config)) }
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let endpoint = endpoint.clone();
+                async move {
+                    if req.method() == Method::POST
+                        && req.uri().path().trim_end_matches('/') == "/node/shutdown"
+                    {
+                        return Ok::<_, Infallible>(
+                            shutdown(&endpoint, peer.ip().is_loopback()).await,
+                        );
+                    }
+                    Ok(route(&req, &endpoint.ctx, &endpoint.node, &endpoint.config))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -80,6 +94,26 @@ fn error(status: StatusCode, reason: &str, message: String) -> Response<Full<Byt
     )
 }
 
+/// `POST /node/shutdown`: runs the graceful node shutdown and answers with its report.
+async fn shutdown(endpoint: &Endpoint, from_loopback: bool) -> Response<Full<Bytes>> {
+    if !from_loopback {
+        return error(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            "node shutdown is only accepted from this machine (loopback)".into(),
+        );
+    }
+    match endpoint.shutdown.shutdown().await {
+        Ok(report) => json(StatusCode::OK, &report),
+        Err(e @ ShutdownError::Disabled) => {
+            error(StatusCode::PRECONDITION_FAILED, "Disabled", e.to_string())
+        }
+        Err(e @ ShutdownError::InProgress) => {
+            error(StatusCode::CONFLICT, "InProgress", e.to_string())
+        }
+    }
+}
+
 fn route(
     req: &Request<Incoming>,
     ctx: &AgentContext,
@@ -90,7 +124,7 @@ fn route(
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            "the agent endpoint is read-only".into(),
+            "the agent endpoint is read-only (except POST /node/shutdown)".into(),
         );
     }
     let path = req.uri().path().trim_end_matches('/');

@@ -29,6 +29,8 @@ struct Entry {
 #[derive(Default)]
 pub struct Terminations {
     by_uid: Mutex<HashMap<String, Entry>>,
+    /// The node is shutting down: no new pod is admitted.
+    shutting_down: AtomicBool,
     /// Wakes workers (a new request) and waiters (a finished one).
     changed: Notify,
 }
@@ -96,6 +98,16 @@ impl Terminations {
         }
     }
 
+    /// Marks the node as shutting down (new pods are refused from now on).
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the node is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
     /// Resolves when a request or a completion happens (workers select on it).
     pub async fn changed(&self) {
         self.changed.notified().await;
@@ -141,10 +153,13 @@ impl Pressure {
     }
 }
 
+/// The priority from which pods are critical (the `system-cluster-critical` class's).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
 /// Whether a pod is critical (system-node-critical / system-cluster-critical priority, or a
 /// static pod marked critical), as the kubelet's `IsCriticalPod`.
 pub fn is_critical(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    const SYSTEM_CRITICAL: i32 = 2_000_000_000;
+    const SYSTEM_CRITICAL: i32 = SYSTEM_CRITICAL_PRIORITY;
     let spec = pod.spec.as_ref();
     let class = spec.and_then(|s| s.priority_class_name.as_deref());
     matches!(

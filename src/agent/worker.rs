@@ -405,6 +405,13 @@ impl PodWorker {
                 return Box::pin(self.ensure_sandbox()).await;
             }
         }
+        if !self.admitted && self.ctx.terminations.is_shutting_down() {
+            self.ended = Some((
+                "NodeShutdown".into(),
+                "Pod was rejected as the node is shutting down.".into(),
+            ));
+            return Ok(());
+        }
         if !self.admitted {
             let qos = super::resources::qos_class(&self.spec());
             let critical = super::terminate::is_critical(self.pod());

@@ -1,5 +1,7 @@
 //! berthctl: a CRI client with crictl-like commands.
 
+#[path = "berthctl/agent.rs"]
+mod agent;
 #[path = "berthctl/bench.rs"]
 mod bench;
 #[path = "berthctl/config.rs"]
@@ -35,11 +37,26 @@ struct Cli {
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// The node agent's endpoint (for `pods --agent` and `node`).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_AGENT_ADDRESS",
+        default_value = "127.0.0.1:10255"
+    )]
+    agent_address: String,
     /// Seconds before a call gives up.
     #[arg(long, global = true, default_value_t = 600)]
     timeout: u64,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Shut the node's pods down as for a node shutdown (regular pods first, critical pods
+    /// last, within agent.shutdown_grace_period_secs), then print what happened.
+    Shutdown,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -154,6 +171,15 @@ enum Command {
         /// Show only ids.
         #[arg(long, short)]
         quiet: bool,
+        /// Show the node agent's pods (Kubernetes view: phase, readiness, restarts) instead
+        /// of CRI sandboxes.
+        #[arg(long)]
+        agent: bool,
+    },
+    /// The node agent's Node: conditions, capacity and allocatable, identity.
+    Node {
+        #[command(subcommand)]
+        action: Option<NodeAction>,
     },
     /// Benchmarks over CRI.
     Bench {
@@ -211,11 +237,22 @@ fn status_message(e: tonic::Status) -> anyhow::Error {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let json = cli.output == Output::Json;
+    // The agent's commands speak to its HTTP endpoint, not to CRI.
+    match &cli.command {
+        Command::Pods {
+            agent: true, quiet, ..
+        } => return agent::pods(&cli.agent_address, json, *quiet),
+        Command::Node { action: None } => return agent::node(&cli.agent_address, json),
+        Command::Node {
+            action: Some(NodeAction::Shutdown),
+        } => return agent::shutdown(&cli.agent_address, json),
+        _ => {}
+    }
     let path = socket_path(&cli.endpoint);
     let client = tokio::time::timeout(Duration::from_secs(10), CriClient::connect(&path))
         .await
         .with_context(|| format!("timed out connecting to {}", path.display()))??;
-    let json = cli.output == Output::Json;
     let deadline = Duration::from_secs(cli.timeout);
     match cli.command {
         Command::Version => {
@@ -469,7 +506,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ps { all, pod, quiet } => {
             pods::ps(&client, pods::PsArgs { all, pod, quiet }, json).await?;
         }
-        Command::Pods { ready, quiet } => pods::pods(&client, ready, quiet, json).await?,
+        Command::Pods { ready, quiet, .. } => pods::pods(&client, ready, quiet, json).await?,
+        Command::Node { .. } => bail!("internal: node commands are answered by the agent endpoint"),
         Command::Bench {
             bench: Bench::Lifecycle(args),
         } => bench::lifecycle(&client, args, json).await?,

@@ -35,7 +35,16 @@ impl Agent {
     }
 
     /// With extra berthd flags and extra lines for the `[agent]` section of the config file.
+    ///
+    /// Unless `agent_toml` sets `[agent.eviction_hard]` itself, the disk thresholds are 1 %: the
+    /// kubelet's defaults (10 % / 15 %) would put this crowded build machine under DiskPressure
+    /// and refuse every pod.
     pub fn start_with_config(extra: &[String], agent_toml: &str) -> Self {
+        let thresholds = if agent_toml.contains("eviction_hard") {
+            ""
+        } else {
+            "[agent.eviction_hard]\n\"memory.available\" = \"100Mi\"\n\"nodefs.available\" = \"1%\"\n\"nodefs.inodesFree\" = \"1%\"\n\"imagefs.available\" = \"1%\"\n\"imagefs.inodesFree\" = \"1%\"\n"
+        };
         let manifests = TempDir::new("manifests");
         let logs = TempDir::new("podlogs");
         let conf = TempDir::new("agentconf");
@@ -46,7 +55,7 @@ impl Agent {
             format!(
                 "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
                  node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{agent_toml}\n",
+                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{agent_toml}\n{thresholds}",
                 logs.path(),
                 conf.path().file_name().and_then(|n| n.to_str()).unwrap_or("agent")
             ),
