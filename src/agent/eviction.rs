@@ -251,7 +251,7 @@ pub fn format_bytes(v: u64) -> String {
     }
     for (i, s) in SUFFIXES.iter().enumerate() {
         let unit = 1u64 << (10 * (6 - i));
-        if v % unit == 0 {
+        if v.is_multiple_of(unit) {
             return format!("{}{s}", v / unit);
         }
     }
@@ -273,7 +273,7 @@ pub fn format_count(v: u64) -> String {
     }
     SUFFIXES
         .iter()
-        .find(|(_, unit)| v % unit == 0)
+        .find(|(_, unit)| v.is_multiple_of(*unit))
         .map_or_else(|| v.to_string(), |(s, unit)| format!("{}{s}", v / unit))
 }
 
@@ -640,7 +640,7 @@ pub async fn run(ctx: Arc<AgentContext>) {
             let left = m
                 .ctx
                 .terminations
-                .wait_done(&[uid.clone()], POD_CLEANUP_TIMEOUT)
+                .wait_done(std::slice::from_ref(&uid), POD_CLEANUP_TIMEOUT)
                 .await;
             if !left.is_empty() {
                 tracing::warn!(uid = %uid, "eviction: timed out waiting for the evicted pod to end");

@@ -527,7 +527,7 @@ pub fn capacity_and_allocatable(
     let mut allocatable = capacity.clone();
     let millicpu =
         (c.cpus as f64 * 1000.0 - (reserved(cfg, "cpu") * 1000.0).round()).max(0.0) as u64;
-    let cpu = if millicpu % 1000 == 0 {
+    let cpu = if millicpu.is_multiple_of(1000) {
         (millicpu / 1000).to_string()
     } else {
         format!("{millicpu}m")
