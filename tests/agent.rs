@@ -668,3 +668,104 @@ async fn a_sandbox_stopped_behind_the_agents_back_is_recreated() {
     assert!(container(&p, "main")["containerID"].is_string());
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_status_max_images_all_none_and_largest_first() {
+    let refs = [image("busybox"), image("layers"), image("large")];
+    let images_of = |a: &Agent| -> Option<Vec<Value>> {
+        let (code, n) = a.get("/node");
+        (code == 200).then(|| {
+            n["status"]["images"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+    };
+    // -1: every image, largest first.
+    let a = Agent::start_with_config(&[], "node_status_max_images = -1\n");
+    let c = a.daemon.client().await;
+    for r in &refs {
+        common::pull(&c, r).await.expect("pull");
+    }
+    let mut listed = Vec::new();
+    a.wait("all three images listed", Duration::from_secs(20), |a| {
+        listed = images_of(a).unwrap_or_default();
+        listed.len() == 3
+    });
+    let sizes: Vec<i64> = listed
+        .iter()
+        .map(|i| i["sizeBytes"].as_i64().unwrap_or(0))
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    assert!(
+        listed[0]["names"].as_array().is_some_and(|n| n
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("large")))),
+        "{listed:?}"
+    );
+    a.finish().await;
+    drop(a);
+    // 0: none; and a drop-in file from --config-dir overrides the config file, a flag both.
+    let drop_ins = TempDir::new("agentconfd");
+    std::fs::write(
+        drop_ins.path().join("10-images.toml"),
+        "[agent]\nnode_status_max_images = 1\n",
+    )
+    .expect("drop-in");
+    std::fs::write(
+        drop_ins.path().join("20-images.toml"),
+        "[agent]\nnode_status_max_images = 0\n",
+    )
+    .expect("drop-in");
+    let a = Agent::start_with_config(
+        &[
+            "--config-dir".to_string(),
+            drop_ins.path().display().to_string(),
+        ],
+        "node_status_max_images = -1\n",
+    );
+    let c = a.daemon.client().await;
+    common::pull(&c, &refs[0]).await.expect("pull");
+    let (code, z) = a.get("/configz");
+    assert_eq!(code, 200);
+    assert_eq!(z["agent"]["node_status_max_images"], 0);
+    a.wait("/node", Duration::from_secs(20), |a| images_of(a).is_some());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(images_of(&a), Some(Vec::new()));
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifest_removed_while_berthd_was_down_removes_the_pod() {
+    let mut a = Agent::start();
+    a.write("gone.yaml", &pod_yaml("gone", "sleep 3600", "", ""));
+    a.write("stays.yaml", &pod_yaml("stays", "sleep 3600", "", ""));
+    a.wait_pod("default", "gone", "gone running", |p| running(p, "main"));
+    a.wait_pod("default", "stays", "stays running", |p| running(p, "main"));
+    a.daemon.stop();
+    std::fs::remove_file(a.manifest("gone.yaml")).expect("remove manifest");
+    a.daemon.spawn();
+    a.wait(
+        "the agent endpoint after restart",
+        Duration::from_secs(20),
+        |a| a.get("/healthz").0 == 200,
+    );
+    let c = a.daemon.client().await;
+    let mut names = Vec::new();
+    for _ in 0..200 {
+        names = sandboxes(&c)
+            .await
+            .into_iter()
+            .filter_map(|s| s.metadata.map(|m| m.name))
+            .collect::<Vec<_>>();
+        if names == ["stays"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(names, ["stays"]);
+    let p = a.wait_pod("default", "stays", "stays running", |p| running(p, "main"));
+    assert_eq!(restarts(&p, "main"), 0);
+    assert!(a.pod("default", "gone").is_none());
+    a.finish().await;
+}
