@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Agent benchmark (release build): berthd's idle RSS without and with the agent; manifest file
 # to all containers Running (host-network busybox pod, cached image) over N pods, p50/p90; then
-# berthd's RSS and CPU with those N pods idle for IDLE_SECS. Uses the plain test registry.
+# berthd's RSS and CPU with those N pods idle for IDLE_SECS; then manifest to Running for N
+# networked pods (CNI bridge + host-local from Debian's plugins on a bridge and /24 unique to the
+# run, no gateway or NAT; removed at exit). Uses the plain test registry.
 #   hack/bench-agent.sh [N]     (N=20; IDLE_SECS=60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +16,28 @@ work=$(mktemp -d /tmp/berth-bench-agent.XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 sock=$work/state/berth.sock
 pid=
+# Disk thresholds at 1 %: a crowded build disk (under 15 % free) is under the kubelet's default
+# DiskPressure, which refuses every new pod.
+cat >"$work/config.toml" <<TOML
+[agent.eviction_hard]
+"memory.available" = "100Mi"
+"nodefs.available" = "1%"
+"imagefs.available" = "1%"
+TOML
+# The run's own CNI network for the networked pods.
+bridge=bb$(printf '%04x' $((RANDOM % 65536)))
+subnet=10.231.$((RANDOM % 250 + 1))
+mkdir -p "$work/net.d"
+cat >"$work/net.d/10-bench.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "bench-$bridge", "plugins": [
+  {"type": "bridge", "bridge": "$bridge", "isGateway": false, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$work/ipam", "ranges": [[{"subnet": "$subnet.0/24"}]]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
 
 start() {
-    "$BIN/berthd" --root "$work/root" --state-dir "$work/state" --socket "$sock" \
-        --insecure-registry "$REG" --cni-conf-dir "$work/no-cni" --log-level warn "$@" \
+    "$BIN/berthd" --config "$work/config.toml" --root "$work/root" --state-dir "$work/state" --socket "$sock" \
+        --insecure-registry "$REG" --cni-conf-dir "$work/net.d" --cni-bin-dir /usr/lib/cni --log-level warn "$@" \
         >>"$work/berthd.log" 2>&1 &
     pid=$!
     for _ in $(seq 500); do [ -S "$sock" ] && return 0; sleep 0.02; done
@@ -35,6 +55,7 @@ cleanup() {
         done
         stop
     }
+    ip link del "$bridge" 2>/dev/null || true
     umount -R "$work/root" 2>/dev/null || true
     rm -rf "$work" 2>/dev/null || true
 }
@@ -54,13 +75,14 @@ start --manifest-dir "$work/manifests" --agent-address "127.0.0.1:$port"
 sleep 12   # the node status is computed once
 rss_on=$(rss_kib)
 
-python3 - "$work/manifests" "$port" "$N" "$REG/busybox" <<'PY'
+cat >"$work/to-running.py" <<'PY'
 import json, os, statistics, sys, time, urllib.request
-d, port, n, img = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+d, port, n, img, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+host = "true" if mode == "host" else "false"
 times = []
 for i in range(n):
-    name = f"bench-{i}"
-    y = (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostNetwork: true\n"
+    name = f"bench-{mode}-{i}"
+    y = (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  hostNetwork: {host}\n"
          f"  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {img}\n"
          f"    imagePullPolicy: IfNotPresent\n    command: [sleep, '3600']\n")
     tmp = os.path.join(d, f".{name}.tmp")
@@ -79,9 +101,10 @@ for i in range(n):
         time.sleep(0.002)
     times.append((time.monotonic() - t0) * 1000)
 times.sort()
-print(f"manifest -> Running (ms, {n} pods): p50 {statistics.median(times):.1f}  "
+print(f"manifest -> Running, {mode} network (ms, {n} pods): p50 {statistics.median(times):.1f}  "
       f"p90 {times[int(len(times) * 0.9) - 1]:.1f}  min {times[0]:.1f}  max {times[-1]:.1f}")
 PY
+python3 "$work/to-running.py" "$work/manifests" "$port" "$N" "$REG/busybox" host
 
 sleep 5
 c0=$(cpu_ticks); t0=$(date +%s.%N)
@@ -94,3 +117,4 @@ echo "berthd RSS idle, agent off: $((rss_off / 1024)).$(( (rss_off % 1024) * 10 
 echo "berthd RSS idle, agent on (no pods): $((rss_on / 1024)).$(( (rss_on % 1024) * 10 / 1024 )) MiB"
 echo "berthd RSS with $N agent pods idle: $((rss_pods / 1024)).$(( (rss_pods % 1024) * 10 / 1024 )) MiB"
 echo "berthd CPU with $N agent pods idle over ${IDLE_SECS}s: ${cpu}% of a core"
+python3 "$work/to-running.py" "$work/manifests" "$port" "$N" "$REG/busybox" pod
