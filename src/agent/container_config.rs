@@ -1,8 +1,9 @@
 //! The CRI ContainerConfig of one of a pod's containers.
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
+use super::downward::{self, NodeAllocatable};
 use super::{labels, resources};
 
 /// What a container config needs beyond the pod and the container.
@@ -41,7 +42,7 @@ pub fn container_config(
         .filter_map(|e| {
             let value = match (&e.value, &e.value_from) {
                 (Some(v), _) => expand(v, c, pod),
-                (None, Some(from)) => field_value(from.field_ref.as_ref()?, pod, ctx)?,
+                (None, Some(from)) => downward_env(&e.name, from, pod, c, ctx)?,
                 (None, None) => String::new(),
             };
             Some(cri::KeyValue {
@@ -192,42 +193,53 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
     out
 }
 
-/// Downward-API env values the agent knows.
+/// An env value from the downward API (fieldRef or resourceFieldRef); None (logged) when the
+/// agent cannot resolve it.
+fn downward_env(
+    var: &str,
+    from: &EnvVarSource,
+    pod: &Pod,
+    c: &Container,
+    ctx: &ContainerContext<'_>,
+) -> Option<String> {
+    let value = if let Some(f) = &from.field_ref {
+        field_value(f, pod, ctx)
+    } else if let Some(sel) = &from.resource_field_ref {
+        let target = match sel.container_name.as_deref().filter(|n| !n.is_empty()) {
+            None => Ok(c),
+            Some(name) => downward::find_container(pod, name),
+        };
+        // The node's root filesystem stands for its ephemeral storage.
+        let node = NodeAllocatable::of_this_node(ctx.memory_capacity, std::path::Path::new("/"));
+        target.and_then(|t| downward::resource_value(t, sel, &node))
+    } else {
+        return None;
+    };
+    value
+        .inspect_err(|e| {
+            tracing::warn!(container = %c.name, env = var, error = %e, "env value from the downward API not set");
+        })
+        .ok()
+}
+
+/// Downward-API env values of pod fields: the node's and the pod's addresses and names, and
+/// the `metadata.*` fields.
 fn field_value(
     sel: &k8s_openapi::api::core::v1::ObjectFieldSelector,
     pod: &Pod,
     ctx: &ContainerContext<'_>,
-) -> Option<String> {
-    let m = &pod.metadata;
-    Some(match sel.field_path.as_str() {
-        "metadata.name" => m.name.clone().unwrap_or_default(),
-        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
-        "metadata.uid" => m.uid.clone().unwrap_or_default(),
-        "spec.nodeName" => ctx.node_name.to_string(),
-        "spec.serviceAccountName" => pod
+) -> Result<String, String> {
+    match sel.field_path.as_str() {
+        "spec.nodeName" => Ok(ctx.node_name.to_string()),
+        "spec.serviceAccountName" => Ok(pod
             .spec
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_default(),
-        "status.podIP" => ctx.pod_ip.to_string(),
-        "status.hostIP" => ctx.host_ip.to_string(),
-        p => {
-            if let Some(key) = p
-                .strip_prefix("metadata.labels['")
-                .and_then(|k| k.strip_suffix("']"))
-            {
-                m.labels.as_ref()?.get(key)?.clone()
-            } else if let Some(key) = p
-                .strip_prefix("metadata.annotations['")
-                .and_then(|k| k.strip_suffix("']"))
-            {
-                m.annotations.as_ref()?.get(key)?.clone()
-            } else {
-                tracing::warn!(field = p, "unsupported downward API field in env");
-                return None;
-            }
-        }
-    })
+            .unwrap_or_default()),
+        "status.podIP" => Ok(ctx.pod_ip.to_string()),
+        "status.hostIP" => Ok(ctx.host_ip.to_string()),
+        p => downward::pod_field(pod, p),
+    }
 }
 
 #[cfg(test)]
@@ -238,7 +250,7 @@ mod tests {
     fn config_carries_labels_env_resources_and_security() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "a1"}},
             "spec": {
                 "hostNetwork": true,
                 "securityContext": {"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -249,7 +261,11 @@ mod tests {
                         {"name": "A", "value": "x"},
                         {"name": "B", "value": "$(A)-$$(A)"},
                         {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                        {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}}},
+                        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"containerName": "c", "resource": "requests.memory", "divisor": "1Mi"}}},
+                        {"name": "BAD", "valueFrom": {"resourceFieldRef": {"containerName": "nope", "resource": "limits.cpu"}}}
                     ],
                     "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
                     "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
@@ -280,6 +296,13 @@ mod tests {
         assert_eq!(env["B"], "x-$(A)");
         assert_eq!(env["N"], "p");
         assert_eq!(env["IP"], "10.0.0.5");
+        assert_eq!(env["APP"], "a1");
+        assert_eq!(env["CPU"], "500");
+        assert_eq!(env["MEM"], "64");
+        assert!(
+            !env.contains_key("BAD"),
+            "an unknown container leaves the variable out"
+        );
         let linux = cfg.linux.expect("linux");
         let r = linux.resources.expect("resources");
         assert_eq!(

@@ -6,14 +6,18 @@
 pub mod backoff;
 pub mod config;
 pub mod container_config;
+pub mod dbus;
+pub mod downward;
 pub mod eviction;
 pub mod eviction_signals;
 pub mod gc;
 pub mod hooks;
 pub mod labels;
+pub mod logind;
 pub mod manifest;
 pub mod node;
 pub mod probe;
+pub mod probe_grpc;
 pub mod registry;
 pub mod relist;
 pub mod resources;
@@ -143,15 +147,25 @@ pub async fn start(
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
     node_status.set_port(port);
     tracing::info!(address = %cfg.address, manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
+    let shutdown_manager = shutdown::ShutdownManager::new(ctx.clone());
     tokio::spawn(server::serve(
         listener,
         Arc::new(server::Endpoint {
             ctx: ctx.clone(),
             node: node_status.clone(),
             config: Arc::new(cfg.clone()),
-            shutdown: shutdown::ShutdownManager::new(ctx.clone()),
+            shutdown: shutdown_manager.clone(),
         }),
     ));
+    if !shutdown::groups(cfg).is_empty() {
+        let grace = Duration::from_secs(
+            shutdown::groups(cfg)
+                .iter()
+                .map(|g| g.grace_secs.max(0) as u64)
+                .sum(),
+        );
+        logind::spawn(shutdown_manager, grace, tokio::runtime::Handle::current());
+    }
     tokio::spawn(node_status.clone().heartbeat());
     tokio::spawn(node_status.run());
     tokio::spawn(eviction::run(ctx.clone()));

@@ -1,26 +1,57 @@
 //! Pod volumes the agent provides on the node: emptyDir (a directory under the pod's directory,
-//! or a tmpfs for the Memory medium, sized by sizeLimit) and hostPath (with its type checks), and
-//! the CRI mounts of each container's volumeMounts.
+//! or a tmpfs for the Memory medium, sized by sizeLimit), hostPath (with its type checks),
+//! downwardAPI (and projected volumes of downwardAPI sources: files written under the pod's
+//! directory, mounted read-only), and the CRI mounts of each container's volumeMounts.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, EmptyDirVolumeSource, Pod, ProjectedVolumeSource, Volume,
+    VolumeProjection,
+};
 
+use super::downward::{self, NodeAllocatable};
 use super::resources::parse_quantity;
 
 /// Volume kinds the agent supports (others are refused when the manifest is read).
 pub fn check_supported(v: &Volume) -> Result<(), String> {
-    if v.empty_dir.is_some() || v.host_path.is_some() {
-        Ok(())
-    } else {
-        Err(format!(
-            "volume {:?}: only emptyDir and hostPath volumes are supported",
-            v.name
-        ))
+    if v.empty_dir.is_some() || v.host_path.is_some() || v.downward_api.is_some() {
+        return Ok(());
     }
+    if let Some(p) = &v.projected {
+        return projected_downward_items(p)
+            .map(|_| ())
+            .map_err(|e| format!("volume {:?}: {e}", v.name));
+    }
+    Err(format!(
+        "volume {:?}: only emptyDir, hostPath, downwardAPI and projected downwardAPI volumes are supported",
+        v.name
+    ))
+}
+
+/// The downwardAPI items of a projected volume; other sources are refused.
+fn projected_downward_items(
+    p: &ProjectedVolumeSource,
+) -> Result<Vec<DownwardAPIVolumeFile>, String> {
+    let mut items = Vec::new();
+    for source in p.sources.iter().flatten() {
+        // Only a source that is nothing but downwardAPI (whatever fields later APIs add).
+        let only_downward = source.downward_api.as_ref().filter(|d| {
+            *source
+                == VolumeProjection {
+                    downward_api: Some((*d).clone()),
+                    ..Default::default()
+                }
+        });
+        let Some(d) = only_downward else {
+            return Err("only downwardAPI sources of projected volumes are supported (not configMap, secret, serviceAccountToken, ...)".into());
+        };
+        items.extend(d.items.iter().flatten().cloned());
+    }
+    Ok(items)
 }
 
 /// Directory of emptyDir volume `name` of the pod whose directory is `pod_dir`.
@@ -28,50 +59,117 @@ fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
     pod_dir.join("volumes/empty-dir").join(name)
 }
 
-/// Makes the pod's volumes ready; returns each volume's host path by name.
-pub fn prepare(pod: &Pod, pod_dir: &Path) -> Result<HashMap<String, PathBuf>, String> {
-    let mut paths = HashMap::new();
+/// Directory of downwardAPI or projected volume `name` of the pod whose directory is `pod_dir`.
+fn downward_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
+    pod_dir.join("volumes/downward-api").join(name)
+}
+
+/// A volume made ready on the node.
+#[derive(Debug, Clone)]
+struct PreparedVolume {
+    /// Where it is on the host.
+    path: PathBuf,
+    /// Mounted read-only whatever the volumeMount says (downward API files).
+    read_only: bool,
+}
+
+/// The pod's volumes made ready on the node, by name.
+#[derive(Debug, Clone, Default)]
+pub struct PreparedVolumes {
+    by_name: HashMap<String, PreparedVolume>,
+}
+
+impl PreparedVolumes {
+    /// The host path of volume `name`.
+    pub fn path(&self, name: &str) -> Option<&Path> {
+        self.by_name.get(name).map(|v| v.path.as_path())
+    }
+}
+
+/// Makes the pod's volumes ready (downward API files written afresh); returns where each is.
+pub fn prepare(pod: &Pod, pod_dir: &Path) -> Result<PreparedVolumes, String> {
+    let mut prepared = PreparedVolumes::default();
     let volumes = pod
         .spec
         .as_ref()
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default();
+    let mut node: Option<NodeAllocatable> = None;
     for v in volumes {
-        let path = if let Some(ed) = &v.empty_dir {
-            let dir = empty_dir_path(pod_dir, &v.name);
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("volume {:?}: creating {}: {e}", v.name, dir.display()))?;
-            if ed.medium.as_deref() == Some("Memory") && !is_mount_point(&dir) {
-                let size = ed
-                    .size_limit
-                    .as_ref()
-                    .and_then(|q| parse_quantity(&q.0))
-                    .map(|b| format!(",size={}", b as u64))
-                    .unwrap_or_default();
-                let data = std::ffi::CString::new(format!("mode=0777{size}"))
-                    .map_err(|e| format!("volume {:?}: {e}", v.name))?;
-                rustix::mount::mount(
-                    "tmpfs",
-                    &dir,
-                    "tmpfs",
-                    rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
-                    data.as_c_str(),
-                )
-                .map_err(|e| format!("volume {:?}: mounting tmpfs: {e}", v.name))?;
-            }
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
-            dir
+        let (path, read_only) = if let Some(ed) = &v.empty_dir {
+            (prepare_empty_dir(pod_dir, &v.name, ed)?, false)
         } else if let Some(hp) = &v.host_path {
             let path = PathBuf::from(&hp.path);
             check_host_path(&path, hp.type_.as_deref().unwrap_or(""))
                 .map_err(|e| format!("volume {:?}: hostPath {}: {e}", v.name, hp.path))?;
-            path
+            (path, false)
+        } else if let Some(d) = &v.downward_api {
+            let items: Vec<_> = d.items.iter().flatten().cloned().collect();
+            let node = node.get_or_insert_with(|| NodeAllocatable::detect(pod_dir));
+            let dir = prepare_downward(pod, pod_dir, &v.name, &items, d.default_mode, node)?;
+            (dir, true)
+        } else if let Some(p) = &v.projected {
+            let items =
+                projected_downward_items(p).map_err(|e| format!("volume {:?}: {e}", v.name))?;
+            let node = node.get_or_insert_with(|| NodeAllocatable::detect(pod_dir));
+            let dir = prepare_downward(pod, pod_dir, &v.name, &items, p.default_mode, node)?;
+            (dir, true)
         } else {
             return Err(check_supported(&v).err().unwrap_or_default());
         };
-        paths.insert(v.name.clone(), path);
+        prepared
+            .by_name
+            .insert(v.name.clone(), PreparedVolume { path, read_only });
     }
-    Ok(paths)
+    Ok(prepared)
+}
+
+/// Creates emptyDir volume `name` (a tmpfs for the Memory medium); returns its directory.
+fn prepare_empty_dir(
+    pod_dir: &Path,
+    name: &str,
+    ed: &EmptyDirVolumeSource,
+) -> Result<PathBuf, String> {
+    let dir = empty_dir_path(pod_dir, name);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("volume {name:?}: creating {}: {e}", dir.display()))?;
+    if ed.medium.as_deref() == Some("Memory") && !is_mount_point(&dir) {
+        let size = ed
+            .size_limit
+            .as_ref()
+            .and_then(|q| parse_quantity(&q.0))
+            .map(|b| format!(",size={}", b as u64))
+            .unwrap_or_default();
+        let data = std::ffi::CString::new(format!("mode=0777{size}"))
+            .map_err(|e| format!("volume {name:?}: {e}"))?;
+        rustix::mount::mount(
+            "tmpfs",
+            &dir,
+            "tmpfs",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            data.as_c_str(),
+        )
+        .map_err(|e| format!("volume {name:?}: mounting tmpfs: {e}"))?;
+    }
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
+    Ok(dir)
+}
+
+/// Writes the files of downward API volume `name`; returns its directory. A bad item (a path
+/// leaving the volume, an unknown field) fails the whole volume before anything is written.
+fn prepare_downward(
+    pod: &Pod,
+    pod_dir: &Path,
+    name: &str,
+    items: &[DownwardAPIVolumeFile],
+    default_mode: Option<i32>,
+    node: &NodeAllocatable,
+) -> Result<PathBuf, String> {
+    let files = downward::files(pod, items, default_mode, node)
+        .map_err(|e| format!("volume {name:?}: downwardAPI {e}"))?;
+    let dir = downward_dir_path(pod_dir, name);
+    downward::write_files(&dir, &files).map_err(|e| format!("volume {name:?}: {e}"))?;
+    Ok(dir)
 }
 
 /// The hostPath type checks (and creations) of the kubelet.
@@ -127,12 +225,13 @@ fn is_mount_point(dir: &Path) -> bool {
 }
 
 /// The CRI mounts of `c`'s volumeMounts.
-pub fn mounts(c: &Container, paths: &HashMap<String, PathBuf>) -> Result<Vec<cri::Mount>, String> {
+pub fn mounts(c: &Container, volumes: &PreparedVolumes) -> Result<Vec<cri::Mount>, String> {
     let mut out = Vec::new();
     for vm in c.volume_mounts.iter().flatten() {
-        let Some(base) = paths.get(&vm.name) else {
+        let Some(volume) = volumes.by_name.get(&vm.name) else {
             return Err(format!("volumeMount {:?}: no such volume", vm.name));
         };
+        let base = &volume.path;
         let mut host = base.clone();
         if let Some(sub) = vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
             let rel = Path::new(sub);
@@ -156,7 +255,7 @@ pub fn mounts(c: &Container, paths: &HashMap<String, PathBuf>) -> Result<Vec<cri
         out.push(cri::Mount {
             container_path: vm.mount_path.clone(),
             host_path: host.display().to_string(),
-            readonly: vm.read_only.unwrap_or(false),
+            readonly: volume.read_only || vm.read_only.unwrap_or(false),
             propagation: propagation as i32,
             ..Default::default()
         });
@@ -194,7 +293,60 @@ mod tests {
             "volumeMounts": [{"name": "v", "mountPath": "/m", "subPath": "../x"}]
         }))
         .expect("container");
-        let paths = [("v".to_string(), PathBuf::from("/tmp"))].into();
-        assert!(mounts(&c, &paths).is_err());
+        let volumes = PreparedVolumes {
+            by_name: [(
+                "v".to_string(),
+                PreparedVolume {
+                    path: PathBuf::from("/tmp"),
+                    read_only: false,
+                },
+            )]
+            .into(),
+        };
+        assert!(mounts(&c, &volumes).is_err());
+    }
+
+    #[test]
+    fn downward_volumes_are_written_and_mounted_read_only() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "labels": {"b": "2", "a": "1"}},
+            "spec": {
+                "volumes": [
+                    {"name": "info", "downwardAPI": {"items": [
+                        {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                        {"path": "sub/labels", "fieldRef": {"fieldPath": "metadata.labels"}}
+                    ]}},
+                    {"name": "proj", "projected": {"sources": [{"downwardAPI": {"items": [
+                        {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory", "divisor": "1Mi"}}
+                    ]}}]}}
+                ],
+                "containers": [{
+                    "name": "c",
+                    "resources": {"limits": {"memory": "16Mi"}},
+                    "volumeMounts": [{"name": "info", "mountPath": "/info"}, {"name": "proj", "mountPath": "/proj"}]
+                }]
+            }
+        }))
+        .expect("pod");
+        let pod_dir = std::env::temp_dir().join(format!("berth-volumes-{}", std::process::id()));
+        let volumes = prepare(&pod, &pod_dir).expect("prepare");
+        let info = volumes.path("info").expect("info").to_path_buf();
+        let read = |p: PathBuf| std::fs::read_to_string(p).expect("read");
+        assert_eq!(read(info.join("name")), "p");
+        assert_eq!(read(info.join("sub/labels")), "a=\"1\"\nb=\"2\"");
+        assert_eq!(read(volumes.path("proj").expect("proj").join("mem")), "16");
+        let c = &pod.spec.as_ref().expect("spec").containers[0];
+        let m = mounts(c, &volumes).expect("mounts");
+        assert!(m.iter().all(|m| m.readonly), "{m:?}");
+        let _ = std::fs::remove_dir_all(&pod_dir);
+    }
+
+    #[test]
+    fn only_downward_sources_of_projected_volumes() {
+        let v: Volume = serde_json::from_value(serde_json::json!({
+            "name": "p", "projected": {"sources": [{"secret": {"name": "s"}}]}
+        }))
+        .expect("volume");
+        assert!(check_supported(&v).is_err());
     }
 }

@@ -1,0 +1,173 @@
+//! gRPC probes: one `grpc.health.v1.Health/Check` call that passes only on `SERVING`.
+
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use tonic::transport::Endpoint;
+
+/// The full method name of the standard health check.
+pub const CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
+
+/// `grpc.health.v1.HealthCheckRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HealthCheckRequest {
+    /// The service asked about; empty for the server as a whole.
+    #[prost(string, tag = "1")]
+    pub service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HealthCheckResponse {
+    /// A [`ServingStatus`] number.
+    #[prost(enumeration = "ServingStatus", tag = "1")]
+    pub status: i32,
+}
+
+/// `grpc.health.v1.HealthCheckResponse.ServingStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ServingStatus {
+    /// UNKNOWN.
+    Unknown = 0,
+    /// SERVING: the only status a probe passes on.
+    Serving = 1,
+    /// NOT_SERVING.
+    NotServing = 2,
+    /// SERVICE_UNKNOWN (only from Watch).
+    ServiceUnknown = 3,
+}
+
+/// The protobuf name of a status number, as the kubelet reports it.
+pub fn status_name(status: i32) -> String {
+    match ServingStatus::try_from(status) {
+        Ok(ServingStatus::Unknown) => "UNKNOWN".into(),
+        Ok(ServingStatus::Serving) => "SERVING".into(),
+        Ok(ServingStatus::NotServing) => "NOT_SERVING".into(),
+        Ok(ServingStatus::ServiceUnknown) => "SERVICE_UNKNOWN".into(),
+        Err(_) => status.to_string(),
+    }
+}
+
+/// The verdict on a Check answer: only SERVING passes.
+pub fn verdict(status: i32) -> Result<(), String> {
+    if status == ServingStatus::Serving as i32 {
+        Ok(())
+    } else {
+        Err(format!(
+            "service unhealthy (responded with {:?})",
+            status_name(status)
+        ))
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 host.
+pub fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Asks the health service at `host:port` about `service`, within `timeout`.
+pub async fn check(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), String> {
+    let target = authority(host, port);
+    let within = format!("{}s", timeout.as_secs());
+    let endpoint = Endpoint::from_shared(format!("http://{target}"))
+        .map_err(|e| format!("invalid gRPC target {target:?}: {e}"))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
+        Ok(Ok(channel)) => channel,
+        Ok(Err(e)) => {
+            return Err(format!(
+                "timeout: failed to connect service {target:?} within {within}: {e}"
+            ));
+        }
+        Err(_) => {
+            return Err(format!(
+                "timeout: failed to connect service {target:?} within {within}"
+            ));
+        }
+    };
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.map_err(|e| {
+        format!("timeout: failed to connect service {target:?} within {within}: {e}")
+    })?;
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: service.to_string(),
+    });
+    request.set_timeout(timeout);
+    let answer = client
+        .unary::<HealthCheckRequest, HealthCheckResponse, _>(
+            request,
+            PathAndQuery::from_static(CHECK_PATH),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    match answer {
+        Ok(response) => verdict(response.into_inner().status),
+        Err(status) => Err(rpc_failure(&status, &within)),
+    }
+}
+
+/// What a failed Check call means, worded like the kubelet's probe messages.
+fn rpc_failure(status: &tonic::Status, within: &str) -> String {
+    match status.code() {
+        tonic::Code::Unimplemented => format!(
+            "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): {}",
+            status.message()
+        ),
+        tonic::Code::DeadlineExceeded => {
+            format!("timeout: health rpc did not complete within {within}")
+        }
+        code => format!(
+            "error: health rpc probe failed: {code:?}: {}",
+            status.message()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_serving_passes() {
+        assert_eq!(verdict(1), Ok(()));
+        assert_eq!(
+            verdict(2),
+            Err("service unhealthy (responded with \"NOT_SERVING\")".to_string())
+        );
+        assert_eq!(
+            verdict(0),
+            Err("service unhealthy (responded with \"UNKNOWN\")".to_string())
+        );
+        assert_eq!(
+            verdict(7),
+            Err("service unhealthy (responded with \"7\")".to_string())
+        );
+    }
+
+    #[test]
+    fn ipv6_hosts_get_brackets() {
+        assert_eq!(authority("127.0.0.1", 80), "127.0.0.1:80");
+        assert_eq!(authority("::1", 80), "[::1]:80");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_fails_with_the_connect_message() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let err = check("127.0.0.1", port, "", Duration::from_secs(1))
+            .await
+            .expect_err("nothing listens");
+        assert!(
+            err.starts_with("timeout: failed to connect service \"127.0.0.1:"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! The agent's gRPC and HTTPS probes against servers run by the test itself (host-network pods
+//! are probed on 127.0.0.1).
+
+mod agent_support;
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use agent_support::*;
+use berth::agent::probe_grpc::{
+    CHECK_PATH, HealthCheckRequest, HealthCheckResponse, ServingStatus,
+};
+use common::TempDir;
+
+/// Our own `grpc.health.v1.Health` service: Check answers each service's current status
+/// (NOT_FOUND for a service it does not know).
+#[derive(Clone, Default)]
+struct Health {
+    statuses: Arc<Mutex<HashMap<String, i32>>>,
+}
+
+impl Health {
+    fn set(&self, service: &str, status: ServingStatus) {
+        self.statuses
+            .lock()
+            .expect("lock")
+            .insert(service.to_string(), status as i32);
+    }
+
+    fn status_of(&self, service: &str) -> Result<i32, tonic::Status> {
+        self.statuses
+            .lock()
+            .expect("lock")
+            .get(service)
+            .copied()
+            .ok_or_else(|| tonic::Status::not_found(format!("unknown service {service:?}")))
+    }
+}
+
+impl tonic::server::NamedService for Health {
+    const NAME: &'static str = "grpc.health.v1.Health";
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for Health {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let health = self.clone();
+        Box::pin(async move {
+            if req.uri().path() != CHECK_PATH {
+                return Ok(tonic::Status::unimplemented("only Check").into_http());
+            }
+            let check = tower::service_fn(move |r: tonic::Request<HealthCheckRequest>| {
+                let answer = health
+                    .status_of(&r.get_ref().service)
+                    .map(|status| tonic::Response::new(HealthCheckResponse { status }));
+                std::future::ready(answer)
+            });
+            let codec =
+                tonic_prost::ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default();
+            Ok(tonic::server::Grpc::new(codec).unary(check, req).await)
+        })
+    }
+}
+
+/// Serves `health` on 127.0.0.1; returns the port.
+async fn serve_health(health: Health) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_probes_follow_the_health_service() {
+    let health = Health::default();
+    health.set("", ServingStatus::Serving);
+    health.set("ready", ServingStatus::Serving);
+    let port = serve_health(health.clone()).await;
+    let a = Agent::start();
+    let probes = format!(
+        "    livenessProbe:\n      grpc:\n        port: {port}\n      periodSeconds: 1\n      failureThreshold: 2\n    readinessProbe:\n      grpc:\n        port: {port}\n        service: ready\n      periodSeconds: 1\n      failureThreshold: 1\n"
+    );
+    a.write("grpc.yaml", &pod_yaml("grpc", "sleep 3600", "", &probes));
+    a.wait_pod("default", "grpc", "ready through gRPC", |p| {
+        running(p, "main")
+            && container(p, "main")["ready"] == true
+            && condition(p, "Ready") == "True"
+    });
+
+    health.set("ready", ServingStatus::NotServing);
+    let p = a.wait_pod("default", "grpc", "not ready on NOT_SERVING", |p| {
+        container(p, "main")["ready"] == false && condition(p, "Ready") == "False"
+    });
+    assert_eq!(restarts(&p, "main"), 0, "readiness never restarts");
+    assert!(
+        a.daemon
+            .log()
+            .contains("service unhealthy (responded with \"NOT_SERVING\")"),
+        "the failure is logged with the kubelet's message"
+    );
+
+    health.set("ready", ServingStatus::Serving);
+    a.wait_pod("default", "grpc", "ready again", |p| {
+        container(p, "main")["ready"] == true
+    });
+    health.set("", ServingStatus::NotServing);
+    a.wait_pod("default", "grpc", "a liveness restart", |p| {
+        restarts(p, "main") >= 1
+    });
+    health.set("", ServingStatus::Serving);
+    let p = a.wait_pod(
+        "default",
+        "grpc",
+        "running and ready after the restart",
+        |p| running(p, "main") && container(p, "main")["ready"] == true,
+    );
+    let restarted = restarts(&p, "main");
+    // Healthy again: no further restarts.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let p = a.pod("default", "grpc").expect("pod");
+    assert_eq!(restarts(&p, "main"), restarted, "{p}");
+    a.finish().await;
+}
+
+/// A self-signed certificate and key made by the openssl CLI: (cert PEM path, key PEM path).
+fn self_signed(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args([
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=probe.invalid",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run openssl");
+    assert!(status.success(), "openssl req failed");
+    (cert, key)
+}
+
+/// An HTTPS server answering every request with the current `code`, keeping each request head.
+struct HttpsServer {
+    port: u16,
+    code: Arc<AtomicU16>,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+async fn serve_https(dir: &TempDir) -> HttpsServer {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (cert, key) = self_signed(dir);
+    let certs = vec![CertificateDer::from_pem_file(&cert).expect("cert")];
+    let key = PrivateKeyDer::from_pem_file(&key).expect("key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let server = HttpsServer {
+        port: listener.local_addr().expect("addr").port(),
+        code: Arc::new(AtomicU16::new(200)),
+        requests: Default::default(),
+    };
+    let (code, requests) = (server.code.clone(), server.requests.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, code, requests) = (acceptor.clone(), code.clone(), requests.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 512];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                requests
+                    .lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let status = code.load(Ordering::SeqCst);
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_readiness_skips_certificate_checks_and_follows_the_status() {
+    let certs = TempDir::new("probe-tls");
+    let server = serve_https(&certs).await;
+    let a = Agent::start();
+    let port = server.port;
+    let probe = format!(
+        "    readinessProbe:\n      httpGet:\n        scheme: HTTPS\n        path: /healthz\n        port: {port}\n        httpHeaders:\n        - name: X-Probe\n          value: berth\n      periodSeconds: 1\n      failureThreshold: 1\n"
+    );
+    a.write("tls.yaml", &pod_yaml("tls", "sleep 3600", "", &probe));
+    a.wait_pod("default", "tls", "ready through HTTPS", |p| {
+        running(p, "main")
+            && container(p, "main")["ready"] == true
+            && condition(p, "Ready") == "True"
+    });
+    let first = server.requests.lock().expect("lock").first().cloned();
+    let first = first.expect("a request reached the server");
+    assert!(first.starts_with("GET /healthz HTTP/1.1\r\n"), "{first}");
+    assert!(
+        first.contains(&format!("Host: 127.0.0.1:{port}\r\n")),
+        "{first}"
+    );
+    assert!(first.contains("X-Probe: berth\r\n"), "{first}");
+
+    server.code.store(500, Ordering::SeqCst);
+    let p = a.wait_pod("default", "tls", "not ready on 500", |p| {
+        container(p, "main")["ready"] == false && condition(p, "Ready") == "False"
+    });
+    assert_eq!(restarts(&p, "main"), 0);
+    assert!(
+        a.daemon
+            .log()
+            .contains("HTTP probe failed with statuscode: 500"),
+        "the failure is logged with the status code"
+    );
+    server.code.store(302, Ordering::SeqCst);
+    a.wait_pod("default", "tls", "ready again on a redirect status", |p| {
+        container(p, "main")["ready"] == true
+    });
+    a.finish().await;
+}
