@@ -217,6 +217,42 @@ async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
     a.finish().await;
 }
 
+/// A soft threshold: DiskPressure as soon as it is crossed (the kubelet's rule), evictions only
+/// once it stayed crossed for its grace period, with the pod's grace capped at the maximum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_threshold_evicts_only_after_its_grace_period() {
+    let fs = Tmpfs::mount(64);
+    let dropins = TempDir::new("evictconf");
+    std::fs::write(
+        dropins.path().join("50-nodefs.toml"),
+        format!("[agent]\npod_log_dir = {:?}\n", fs.path()),
+    )
+    .expect("drop-in");
+    let a = Agent::start_with_config(
+        &["--config-dir".into(), dropins.path().display().to_string()],
+        &format!(
+            "{PERIODS}eviction_hard = {{}}\n\
+             eviction_soft = {{ \"nodefs.available\" = \"20Mi\" }}\n\
+             eviction_soft_grace_period_secs = {{ \"nodefs.available\" = 4.0 }}\n\
+             eviction_max_pod_grace_period_secs = 0\n"
+        ),
+    );
+    a.write("be.yaml", &pod_yaml("be", "echo hello; sleep 3600", "", ""));
+    a.wait_pod("default", "be", "be running", |p| running(p, "main"));
+    let size = fs.available().saturating_sub(8 << 20);
+    std::fs::write(fs.path().join("filler"), vec![0u8; size as usize]).expect("fill");
+    wait_condition(&a, "DiskPressure", "True");
+    let pressure_at = Instant::now();
+    a.wait_pod("default", "be", "be evicted", evicted);
+    let waited = pressure_at.elapsed();
+    assert!(waited >= Duration::from_secs(3), "evicted after {waited:?}");
+    let (_, reports) = a.get("/node/reports");
+    let e = &reports["eviction"]["evictions"][0];
+    assert_eq!(e["signal"], "nodefs.available", "{e}");
+    assert_eq!(e["graceSecs"], 0, "{e}");
+    a.finish().await;
+}
+
 /// A memory.available threshold above the node's memory: always under memory pressure. A
 /// BestEffort pod is refused at admission; a system-node-critical one runs and is never evicted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
