@@ -181,3 +181,62 @@ async fn images_stay_below_the_high_threshold() {
     );
     a.finish().await;
 }
+
+/// The memory cgroup limits of memory plus swap of a running container, read on the host:
+/// (v1 `memory.memsw.limit_in_bytes` or v2 `memory.swap.max`, its value).
+async fn swap_limit_of(c: &berth::client::CriClient, id: &str) -> (String, String) {
+    let own = common::exec_ok(c, id, &["cat", "/proc/self/cgroup"]).await;
+    let v1 = own.lines().find_map(|l| {
+        let (_, rest) = l.split_once(':')?;
+        let (controllers, path) = rest.split_once(':')?;
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    });
+    let file = match v1 {
+        Some(path) => format!("/sys/fs/cgroup/memory{path}/memory.memsw.limit_in_bytes"),
+        None => {
+            let path = own
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .expect("a cgroup v2 path");
+            format!("/sys/fs/cgroup{path}/memory.swap.max")
+        }
+    };
+    let value = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    (file, value.trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_swap_bounds_memory_plus_swap_at_the_memory_limit() {
+    let a = Agent::start();
+    let resources = "    resources:\n      requests:\n        memory: 16Mi\n      limits:\n        memory: 64Mi\n";
+    a.write(
+        "capped.yaml",
+        &pod_yaml("capped", "exec sleep 3600", "", resources),
+    );
+    let pod = a.wait_pod("default", "capped", "capped running", |p| {
+        running(p, "main")
+    });
+    assert_eq!(pod["status"]["qosClass"], "Burstable");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid");
+    let c = a.daemon.client().await;
+    let id = containers(&c)
+        .await
+        .into_iter()
+        .find(|ct| {
+            ct.state == RUNNING
+                && ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid)
+        })
+        .expect("the running container")
+        .id;
+    let (file, value) = swap_limit_of(&c, &id).await;
+    let want = if file.ends_with("memory.swap.max") {
+        "0".to_string()
+    } else {
+        (64u64 << 20).to_string()
+    };
+    assert_eq!(value, want, "{file}");
+    a.finish().await;
+}
