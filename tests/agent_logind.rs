@@ -1,0 +1,167 @@
+//! Graceful node shutdown driven by systemd-logind's D-Bus interface: berthd holds a delay
+//! inhibitor lock, and on PrepareForShutdown(true) ends its pods and then releases the lock.
+//! The bus is a real dbus-daemon; logind is a stand-in (tests/fixtures/logind_standin.py, with
+//! Debian's python3-dbus, run by Debian's /usr/bin/python3) because this machine does not run systemd.
+
+mod agent_support;
+mod cni_support;
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_support::*;
+use common::TempDir;
+
+/// A private bus with the logind stand-in on it; both killed on drop.
+struct Bus {
+    dir: TempDir,
+    daemon: Child,
+    standin: Option<Child>,
+}
+
+impl Bus {
+    fn start() -> Self {
+        let dir = TempDir::new("dbus");
+        // Debian's session bus configuration (anyone may own names and call) on our socket.
+        let daemon = Command::new("dbus-daemon")
+            .arg("--session")
+            .arg(format!("--address=unix:path={}/bus", dir.path().display()))
+            .arg("--nofork")
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("dbus-daemon (Debian's dbus-daemon package)");
+        let mut bus = Self {
+            dir,
+            daemon,
+            standin: None,
+        };
+        let socket = bus.dir.path().join("bus");
+        wait_for("the bus socket", || socket.exists());
+        let standin = Command::new("/usr/bin/python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/logind_standin.py"
+            ))
+            .arg(bus.address())
+            .arg(bus.log_path())
+            .spawn()
+            .expect("logind stand-in");
+        bus.standin = Some(standin);
+        wait_for("the logind stand-in", || bus.log().contains("ready"));
+        bus
+    }
+
+    fn address(&self) -> String {
+        format!("unix:path={}/bus", self.dir.path().display())
+    }
+
+    fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("logind.log")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Makes the stand-in announce the node's shutdown.
+    fn prepare_for_shutdown(&self) {
+        if let Some(s) = &self.standin {
+            let ok = Command::new("kill")
+                .arg("-USR1")
+                .arg(s.id().to_string())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "signalling the logind stand-in");
+        }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.standin.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
+    let bus = Bus::start();
+    // SAFETY: set before any other thread of this test process exists (a plain #[test], the
+    // tokio runtime is made below, and nextest runs each test in its own process); berthd
+    // inherits it.
+    unsafe { std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", bus.address()) };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let a = Agent::start_with_config(
+        &[],
+        "shutdown_grace_period_secs = 4.0\nshutdown_grace_period_critical_pods_secs = 2.0\n",
+    );
+    wait_for("berthd's delay inhibitor lock", || {
+        bus.log().contains("inhibit shutdown berth delay")
+    });
+    a.write(
+        "regular.yaml",
+        &pod_yaml(
+            "regular",
+            "trap 'exit 0' TERM; while true; do sleep 0.2; done",
+            "",
+            "",
+        ),
+    );
+    a.write(
+        "critical.yaml",
+        &pod_yaml(
+            "critical",
+            "trap '' TERM; while true; do sleep 0.2; done",
+            "  priorityClassName: system-node-critical\n",
+            "",
+        )
+        .replace(
+            "terminationGracePeriodSeconds: 1\n",
+            "terminationGracePeriodSeconds: 30\n",
+        ),
+    );
+    a.wait_pod("default", "regular", "regular running", |p| {
+        running(p, "main")
+    });
+    a.wait_pod("default", "critical", "critical running", |p| {
+        running(p, "main")
+    });
+    assert!(!bus.log().contains("released"), "{}", bus.log());
+
+    bus.prepare_for_shutdown();
+    // The regular pod ends first while the lock is still held.
+    a.wait_pod("default", "regular", "regular ended", |p| {
+        p["status"]["phase"] == "Failed"
+    });
+    assert!(!bus.log().contains("released"), "{}", bus.log());
+    wait_for("the lock released", || bus.log().contains("released"));
+    // By then every pod has ended, the critical one last.
+    for name in ["regular", "critical"] {
+        let p = a.pod("default", name).expect("pod");
+        assert_eq!(p["status"]["phase"], "Failed", "{name}: {p}");
+        assert_eq!(p["status"]["reason"], "Terminated", "{name}: {p}");
+    }
+    assert!(
+        a.daemon
+            .log()
+            .contains("systemd-logind: the node is shutting down")
+    );
+    rt.block_on(a.finish());
+}
