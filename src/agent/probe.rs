@@ -88,6 +88,9 @@ pub fn spawn(
     ProbeHandle { result: rx, task }
 }
 
+/// How long past its timeout a probe attempt may run before it is cut off and failed.
+const PROBE_TIMEOUT_SLACK: Duration = Duration::from_millis(500);
+
 fn secs(v: Option<i32>, default: i32, min: i32) -> Duration {
     Duration::from_secs(v.unwrap_or(default).max(min) as u64)
 }
@@ -111,7 +114,9 @@ async fn run(
     let failure_threshold = probe.failure_threshold.unwrap_or(3).max(1) as u32;
     let (mut successes, mut failures) = (0u32, 0u32);
     loop {
-        let outcome = match tokio::time::timeout(timeout, once(&probe, &target, timeout)).await {
+        // The handlers keep the timeout themselves (with their own messages); this is a backstop.
+        let backstop = timeout + PROBE_TIMEOUT_SLACK;
+        let outcome = match tokio::time::timeout(backstop, once(&probe, &target, timeout)).await {
             Ok(r) => r,
             Err(_) => Err(format!("timed out after {}s", timeout.as_secs())),
         };
@@ -176,9 +181,14 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
     if let Some(tcp) = &probe.tcp_socket {
         let port = resolve_port(&tcp.port, &t.container)?;
         let host = target_host(tcp.host.as_ref(), t)?;
-        tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| format!("dial {host}:{port}: {e}"))?;
+        let authority = super::probe_grpc::authority(&host, port);
+        tokio::time::timeout(
+            timeout,
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        .map_err(|_| format!("dial tcp {authority}: i/o timeout"))?
+        .map_err(|e| format!("dial tcp {authority}: {e}"))?;
         return Ok(());
     }
     if let Some(http) = &probe.http_get {
@@ -192,7 +202,18 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
             .flatten()
             .map(|h| (h.name.clone(), h.value.clone()))
             .collect();
-        let code = http_get(scheme, &host, port, &path, &headers).await?;
+        let code = tokio::time::timeout(timeout, http_get(scheme, &host, port, &path, &headers))
+            .await
+            .map_err(|_| {
+                let url = format!(
+                    "{}://{}{path}",
+                    scheme.as_str(),
+                    super::probe_grpc::authority(&host, port)
+                );
+                format!(
+                    "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+                )
+            })??;
         return if (200..400).contains(&code) {
             Ok(())
         } else {
@@ -249,6 +270,14 @@ impl Scheme {
             "" | "HTTP" => Ok(Self::Http),
             "HTTPS" => Ok(Self::Https),
             other => Err(format!("unsupported httpGet scheme {other:?}")),
+        }
+    }
+
+    /// The URL scheme.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Https => "https",
         }
     }
 }

@@ -70,45 +70,52 @@ pub fn authority(host: &str, port: u16) -> String {
     }
 }
 
-/// Asks the health service at `host:port` about `service`, within `timeout`.
+/// Asks the health service at `host:port` about `service`; connecting and the call share
+/// `timeout`.
 pub async fn check(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let target = authority(host, port);
     let within = format!("{}s", timeout.as_secs());
+    let connect_failed = |e: &dyn std::fmt::Display| {
+        format!("timeout: failed to connect service {target:?} within {within}: {e}")
+    };
     let endpoint = Endpoint::from_shared(format!("http://{target}"))
         .map_err(|e| format!("invalid gRPC target {target:?}: {e}"))?
-        .connect_timeout(timeout)
-        .timeout(timeout);
-    let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
+        .connect_timeout(timeout);
+    let channel = match tokio::time::timeout_at(deadline, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
-        Ok(Err(e)) => {
-            return Err(format!(
-                "timeout: failed to connect service {target:?} within {within}: {e}"
-            ));
-        }
-        Err(_) => {
-            return Err(format!(
-                "timeout: failed to connect service {target:?} within {within}"
-            ));
-        }
+        Ok(Err(e)) => return Err(connect_failed(&e)),
+        Err(e) => return Err(connect_failed(&e)),
     };
     let mut client = tonic::client::Grpc::new(channel);
-    client.ready().await.map_err(|e| {
-        format!("timeout: failed to connect service {target:?} within {within}: {e}")
-    })?;
     let mut request = tonic::Request::new(HealthCheckRequest {
         service: service.to_string(),
     });
-    request.set_timeout(timeout);
-    let answer = client
-        .unary::<HealthCheckRequest, HealthCheckResponse, _>(
-            request,
-            PathAndQuery::from_static(CHECK_PATH),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await;
-    match answer {
-        Ok(response) => verdict(response.into_inner().status),
-        Err(status) => Err(rpc_failure(&status, &within)),
+    request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
+    let call = async {
+        client.ready().await.map_err(|e| connect_failed(&e))?;
+        client
+            .unary::<HealthCheckRequest, HealthCheckResponse, _>(
+                request,
+                PathAndQuery::from_static(CHECK_PATH),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .map_err(|status| {
+                // The client cuts a call at its deadline (as Cancelled, not DeadlineExceeded).
+                if tokio::time::Instant::now() >= deadline {
+                    format!("timeout: health rpc did not complete within {within}")
+                } else {
+                    rpc_failure(&status, &within)
+                }
+            })
+    };
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(response)) => verdict(response.into_inner().status),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!(
+            "timeout: health rpc did not complete within {within}"
+        )),
     }
 }
 
@@ -169,5 +176,27 @@ mod tests {
             err.starts_with("timeout: failed to connect service \"127.0.0.1:"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_fails_within_the_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Accepts connections and holds them without a word of HTTP/2.
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                conns.push(c);
+            }
+        });
+        let started = std::time::Instant::now();
+        let err = check("127.0.0.1", port, "", Duration::from_secs(1))
+            .await
+            .expect_err("no answer");
+        assert_eq!(err, "timeout: health rpc did not complete within 1s");
+        assert!(started.elapsed() < Duration::from_millis(1900), "{err}");
+        held.abort();
     }
 }
