@@ -240,3 +240,66 @@ async fn no_swap_bounds_memory_plus_swap_at_the_memory_limit() {
     assert_eq!(value, want, "{file}");
     a.finish().await;
 }
+
+/// Runs and stops a sandbox that looks like one the agent made for pod `uid`.
+async fn dead_agent_sandbox(c: &berth::client::CriClient, a: &Agent, uid: &str, n: u32) -> String {
+    let mut config = common::pod_config(
+        &format!("leftover-{n}"),
+        a.logs.path(),
+        cri::NamespaceMode::Container,
+    );
+    if let Some(m) = config.metadata.as_mut() {
+        m.uid = uid.to_string();
+        m.attempt = n;
+    }
+    config.labels = [
+        ("berth.io/managed-by".to_string(), "berth-agent".to_string()),
+        ("io.kubernetes.pod.uid".to_string(), uid.to_string()),
+    ]
+    .into();
+    let id = common::run_pod(c, &config).await;
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .expect("StopPodSandbox");
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_sandboxes_of_a_pod_go_except_its_newest() {
+    let a = Agent::start_with_config(&[], "container_gc_period_secs = 1.0\n");
+    a.write("keep.yaml", &pod_yaml("keep", "exec sleep 3600", "", ""));
+    let pod = a.wait_pod("default", "keep", "keep running", |p| running(p, "main"));
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
+    let c = a.daemon.client().await;
+    let live = sandboxes(&c).await.remove(0).id;
+    let older = dead_agent_sandbox(&c, &a, &uid, 7).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let newest = dead_agent_sandbox(&c, &a, &uid, 8).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ids: Vec<String> = sandboxes(&c).await.into_iter().map(|s| s.id).collect();
+        if !ids.contains(&older) {
+            assert!(
+                ids.contains(&live),
+                "the pod's ready sandbox stays: {ids:?}"
+            );
+            assert!(
+                ids.contains(&newest),
+                "the pod's newest sandbox stays: {ids:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the older dead sandbox stayed: {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pod = a.pod("default", "keep").expect("pod");
+    assert!(running(&pod, "main"), "{pod}");
+    // Once the pod is gone, its remaining dead sandbox goes too (finish waits for none left).
+    a.finish().await;
+}
