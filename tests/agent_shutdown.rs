@@ -130,7 +130,19 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
             !container(&p, "main")["state"]["terminated"].is_null(),
             "{name}: {p}"
         );
+        assert_eq!(condition(&p, "DisruptionTarget"), "True", "{name}: {p}");
     }
+    // The node says it is going down.
+    a.wait("the node NotReady", Duration::from_secs(10), |a| {
+        let (_, n) = a.get("/node");
+        n["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "Ready"
+                    && c["status"] == "False"
+                    && c["message"] == "node is shutting down"
+            })
+        })
+    });
     // The critical container ignored SIGTERM: it was killed (137); the regular one exited 0.
     let exit = |name: &str| {
         container(&a.pod("default", name).expect("pod"), "main")["state"]["terminated"]["exitCode"]

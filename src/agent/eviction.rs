@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
@@ -405,29 +405,9 @@ pub struct Shared {
     report: Mutex<EvictionReport>,
 }
 
-/// The shared report of each agent context (an agent has one; tests may run several).
-static SHARED: Mutex<Vec<(Weak<AgentContext>, Arc<Shared>)>> = Mutex::new(Vec::new());
-
-/// The shared report of the agent `ctx`.
-pub fn shared(ctx: &Arc<AgentContext>) -> Arc<Shared> {
-    let Ok(mut all) = SHARED.lock() else {
-        return Arc::default();
-    };
-    all.retain(|(w, _)| w.strong_count() > 0);
-    if let Some((_, s)) = all
-        .iter()
-        .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ctx)))
-    {
-        return s.clone();
-    }
-    let s = Arc::<Shared>::default();
-    all.push((Arc::downgrade(ctx), s.clone()));
-    s
-}
-
 /// The eviction manager's latest report for the agent `ctx`.
 pub fn report(ctx: &Arc<AgentContext>) -> EvictionReport {
-    shared(ctx)
+    ctx.eviction
         .report
         .lock()
         .map(|r| r.clone())
@@ -629,7 +609,7 @@ pub async fn run(ctx: Arc<AgentContext>) {
     let cfg = ctx.config.clone();
     let period = Duration::from_secs_f64(cfg.eviction_monitoring_period_secs.max(0.05));
     let mut m = Manager {
-        shared: shared(&ctx),
+        shared: ctx.eviction.clone(),
         thresholds: thresholds(&cfg),
         transition: Duration::from_secs_f64(cfg.eviction_pressure_transition_period_secs.max(0.0)),
         tracker: Tracker::default(),

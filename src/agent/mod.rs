@@ -23,8 +23,8 @@ pub mod relist;
 pub mod resources;
 pub mod sandbox_config;
 pub mod server;
-pub mod sources;
 pub mod shutdown;
+pub mod sources;
 pub mod status;
 pub mod swap;
 pub mod terminate;
@@ -84,6 +84,8 @@ pub struct AgentContext {
     pub pressure: terminate::Pressure,
     /// The effective agent configuration.
     pub config: Arc<AgentConfig>,
+    /// The eviction manager's latest observations and evictions.
+    pub eviction: Arc<eviction::Shared>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -132,6 +134,7 @@ pub async fn start(
         terminations: Default::default(),
         pressure: Default::default(),
         config: Arc::new(cfg.clone()),
+        eviction: Default::default(),
     });
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),

@@ -359,7 +359,9 @@ impl NodeStatus {
                     "kubelet has sufficient PID available",
                 )
             },
-            if not_ready.is_empty() {
+            if self.ctx.terminations.is_shutting_down() {
+                self.condition("Ready", false, "KubeletNotReady", "node is shutting down")
+            } else if not_ready.is_empty() {
                 self.condition(
                     "Ready",
                     true,

@@ -1063,6 +1063,17 @@ impl PodWorker {
             self.condition("ContainersReady", all_ready && phase == "Running"),
             self.condition("PodScheduled", true),
         ];
+        let mut conditions = conditions;
+        if let Some((reason, message)) = self.ended.clone()
+            && (reason == "Evicted" || reason == super::shutdown::REASON)
+            && self.admitted
+        {
+            // The kubelet marks pods it ends itself as disrupted.
+            let mut c = self.condition("DisruptionTarget", true);
+            c.reason = Some("TerminationByKubelet".into());
+            c.message = Some(message);
+            conditions.push(c);
+        }
         let host_ip = self.ctx.node.internal_ip.clone();
         let pod_ip = if self.host_network() {
             host_ip.clone()
