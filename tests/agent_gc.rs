@@ -100,6 +100,14 @@ async fn node_limit_removes_dead_containers_the_pod_worker_keeps() {
         1,
         "restartCount comes from the instance"
     );
+    for line in a
+        .daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("container GC"))
+    {
+        eprintln!("{line}");
+    }
     a.finish().await;
 }
 
