@@ -78,7 +78,9 @@ fn micros_since(start: Instant) -> u64 {
 
 /// Runs container GC and image GC at their configured periods, forever. Images are detected
 /// at once (their unused age counts from agent start); the first container GC pass waits one
-/// period, so the manifest source has published its pods by then.
+/// period, so the manifest source has published its pods by then. First it records the
+/// configured swap behaviour for container configs ([`resources::init_node_swap`]), as this is
+/// the agent-start hook its module owns.
 pub async fn run(ctx: Arc<AgentContext>) {
     let swap = resources::init_node_swap(&ctx.config.memory_swap_behavior);
     tracing::debug!(?swap, "agent: node swap for container configs");
