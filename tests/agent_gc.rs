@@ -311,3 +311,41 @@ async fn dead_sandboxes_of_a_pod_go_except_its_newest() {
     // Once the pod is gone, its remaining dead sandbox goes too (finish waits for none left).
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_init_container_is_kept_so_it_does_not_run_again() {
+    let a = Agent::start_with_config(&[], "container_gc_period_secs = 1.0\nmax_containers = 0\n");
+    a.write(
+        "init.yaml",
+        &pod_yaml(
+            "init",
+            "exec sleep 3600",
+            "  initContainers:\n  - name: prep\n    image: IMAGE\n    command: [\"true\"]\n"
+                .replace("IMAGE", &image("busybox"))
+                .as_str(),
+            "",
+        ),
+    );
+    let pod = a.wait_pod("default", "init", "running", |p| running(p, "main"));
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
+    let c = a.daemon.client().await;
+    // Several GC passes later the init container's only instance is still there, and it ran once.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let prep: Vec<(u32, i32)> = containers(&c)
+        .await
+        .into_iter()
+        .filter(|ct| {
+            ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid.as_str())
+                && ct.metadata.as_ref().is_some_and(|m| m.name == "prep")
+        })
+        .map(|ct| (ct.metadata.map(|m| m.attempt).unwrap_or(0), ct.state))
+        .collect();
+    assert_eq!(
+        prep,
+        [(0, k8s_cri::v1::ContainerState::ContainerExited as i32)]
+    );
+    let pod = a.pod("default", "init").expect("pod");
+    assert!(running(&pod, "main"), "{pod}");
+    assert_eq!(restarts(&pod, "main"), 0);
+    a.finish().await;
+}

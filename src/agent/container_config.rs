@@ -20,6 +20,8 @@ pub struct ContainerContext<'a> {
     pub node_name: &'a str,
     /// Image reference to run (the resolved image id or the spec's reference).
     pub image: &'a str,
+    /// The node's swap and the configured swap behaviour.
+    pub swap: &'a resources::NodeSwap,
 }
 
 /// The config for restart number `restart_count` of container `c` in `pod`.
@@ -76,7 +78,7 @@ pub fn container_config(
                 c,
                 ctx.qos,
                 ctx.memory_capacity,
-                &resources::node_swap(),
+                ctx.swap,
             )),
             security_context: Some(cri::LinuxContainerSecurityContext {
                 capabilities: Some(cri::Capability {
@@ -281,6 +283,11 @@ mod tests {
             host_ip: "10.0.0.1",
             node_name: "n",
             image: "sha256:abc",
+            swap: &resources::NodeSwap {
+                behavior: resources::SwapBehavior::NoSwap,
+                swap_capacity: 0,
+                controller: true,
+            },
         };
         let cfg = container_config(&pod, c, 3, &ctx);
         assert_eq!(cfg.metadata.as_ref().map(|m| m.attempt), Some(3));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1 as cri;
 
-use super::{AgentContext, labels, resources};
+use super::{AgentContext, labels};
 
 /// What GC has done since berthd started (for the status endpoint and tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -30,7 +30,9 @@ pub struct GcCounters {
     pub last_image_pass_micros: u64,
 }
 
-struct Counters {
+/// The GC's running counters (one set per agent).
+#[derive(Default)]
+pub struct Counters {
     container_passes: AtomicU64,
     containers_removed: AtomicU64,
     sandboxes_removed: AtomicU64,
@@ -41,20 +43,8 @@ struct Counters {
     last_image_pass_micros: AtomicU64,
 }
 
-static COUNTERS: Counters = Counters {
-    container_passes: AtomicU64::new(0),
-    containers_removed: AtomicU64::new(0),
-    sandboxes_removed: AtomicU64::new(0),
-    image_passes: AtomicU64::new(0),
-    images_removed: AtomicU64::new(0),
-    image_bytes_freed: AtomicU64::new(0),
-    last_container_pass_micros: AtomicU64::new(0),
-    last_image_pass_micros: AtomicU64::new(0),
-};
-
 /// The GC counters so far.
-pub fn counters() -> GcCounters {
-    let c = &COUNTERS;
+pub fn counters(c: &Counters) -> GcCounters {
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     GcCounters {
         container_passes: get(&c.container_passes),
@@ -78,12 +68,8 @@ fn micros_since(start: Instant) -> u64 {
 
 /// Runs container GC and image GC at their configured periods, forever. Images are detected
 /// at once (their unused age counts from agent start); the first container GC pass waits one
-/// period, so the manifest source has published its pods by then. First it records the
-/// configured swap behaviour for container configs ([`resources::init_node_swap`]), as this is
-/// the agent-start hook its module owns.
+/// period, so the manifest source has published its pods by then.
 pub async fn run(ctx: Arc<AgentContext>) {
-    let swap = resources::init_node_swap(&ctx.config.memory_swap_behavior);
-    tracing::debug!(?swap, "agent: node swap for container configs");
     let container_period = Duration::from_secs_f64(ctx.config.container_gc_period_secs);
     let image_period = Duration::from_secs_f64(ctx.config.image_gc_period_secs);
     let mut tracker = ImageTracker::default();
@@ -344,7 +330,11 @@ async fn container_pass(ctx: &AgentContext) {
         .collect();
     let policy = container_policy(ctx);
     let units = evictable_containers(&containers, &uids, now_ns(), policy.min_age);
-    let doomed = containers_to_remove(units, &published, &policy);
+    let protected = newest_init_containers(ctx, &containers, &uids);
+    let doomed: Vec<String> = containers_to_remove(units, &published, &policy)
+        .into_iter()
+        .filter(|id| !protected.contains(id))
+        .collect();
     let mut removed: HashSet<String> = HashSet::new();
     for id in doomed {
         if remove_container(ctx, &id).await {
@@ -370,10 +360,10 @@ async fn container_pass(ctx: &AgentContext) {
     for id in sandboxes_to_remove(&infos, &published) {
         sandboxes_removed += u64::from(remove_sandbox(ctx, &id).await);
     }
-    add(&COUNTERS.container_passes, 1);
-    add(&COUNTERS.containers_removed, removed.len() as u64);
-    add(&COUNTERS.sandboxes_removed, sandboxes_removed);
-    COUNTERS
+    add(&ctx.gc.container_passes, 1);
+    add(&ctx.gc.containers_removed, removed.len() as u64);
+    add(&ctx.gc.sandboxes_removed, sandboxes_removed);
+    ctx.gc
         .last_container_pass_micros
         .store(micros_since(started), Ordering::Relaxed);
     if !removed.is_empty() || sandboxes_removed > 0 {
@@ -387,6 +377,46 @@ async fn container_pass(ctx: &AgentContext) {
 }
 
 /// Removes a dead container; true when it is gone (NotFound counts as gone, not as removed).
+/// The newest instance of every init container of a published pod: its worker reads it to
+/// know the init container is done, and would run it again if it were gone.
+fn newest_init_containers(
+    ctx: &AgentContext,
+    containers: &[cri::Container],
+    sandbox_uids: &HashMap<String, String>,
+) -> HashSet<String> {
+    let mut init_names: HashSet<(String, String)> = HashSet::new();
+    for pod in ctx.pods.list() {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        for ic in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+        {
+            init_names.insert((uid.clone(), ic.name.clone()));
+        }
+    }
+    let mut newest: HashMap<(String, String), (i64, String)> = HashMap::new();
+    for c in containers {
+        let Some(uid) = sandbox_uids.get(&c.pod_sandbox_id) else {
+            continue;
+        };
+        let name = c
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        let key = (uid.clone(), name);
+        if !init_names.contains(&key) {
+            continue;
+        }
+        let e = newest.entry(key).or_insert((c.created_at, c.id.clone()));
+        if c.created_at > e.0 {
+            *e = (c.created_at, c.id.clone());
+        }
+    }
+    newest.into_values().map(|(_, id)| id).collect()
+}
+
 async fn remove_container(ctx: &AgentContext, id: &str) -> bool {
     let req = cri::RemoveContainerRequest {
         container_id: id.to_string(),
@@ -584,8 +614,8 @@ async fn image_pass(ctx: &AgentContext, tracker: &mut ImageTracker) {
     if let Err(e) = image_pass_inner(ctx, tracker).await {
         tracing::warn!(error = %e, "image GC pass failed");
     }
-    add(&COUNTERS.image_passes, 1);
-    COUNTERS
+    add(&ctx.gc.image_passes, 1);
+    ctx.gc
         .last_image_pass_micros
         .store(micros_since(started), Ordering::Relaxed);
 }
@@ -649,8 +679,8 @@ async fn remove_images(ctx: &AgentContext, candidates: Vec<ImageCandidate>, amou
             Ok(_) => {
                 tracing::info!(image = %c.id, tags = ?c.tags, size = c.size, "image GC: removed unused image");
                 freed = freed.saturating_add(c.size);
-                add(&COUNTERS.images_removed, 1);
-                add(&COUNTERS.image_bytes_freed, c.size);
+                add(&ctx.gc.images_removed, 1);
+                add(&ctx.gc.image_bytes_freed, c.size);
             }
             Err(e) => {
                 tracing::warn!(image = %c.id, tags = ?c.tags, error = %e.message(), "image GC: removing image failed");

@@ -86,6 +86,10 @@ pub struct AgentContext {
     pub config: Arc<AgentConfig>,
     /// The eviction manager's latest observations and evictions.
     pub eviction: Arc<eviction::Shared>,
+    /// Garbage collection counters.
+    pub gc: gc::Counters,
+    /// The node's swap and the configured swap behaviour (for container configs).
+    pub swap: resources::NodeSwap,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -135,6 +139,10 @@ pub async fn start(
         pressure: Default::default(),
         config: Arc::new(cfg.clone()),
         eviction: Default::default(),
+        gc: Default::default(),
+        swap: resources::detect_node_swap(resources::SwapBehavior::from_name(
+            &cfg.memory_swap_behavior,
+        )),
     });
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),

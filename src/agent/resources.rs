@@ -146,22 +146,12 @@ pub struct NodeSwap {
     pub controller: bool,
 }
 
-static NODE_SWAP: std::sync::OnceLock<NodeSwap> = std::sync::OnceLock::new();
-
-/// Records the configured swap behaviour with the node's swap facts (once, at agent start).
-pub fn init_node_swap(behavior: &str) -> NodeSwap {
-    *NODE_SWAP.get_or_init(|| detect_node_swap(SwapBehavior::from_name(behavior)))
+/// The node's swap facts with the configured behaviour (read once, at agent start).
+pub fn detect_node_swap(behavior: SwapBehavior) -> NodeSwap {
+    node_swap_facts(behavior)
 }
 
-/// The node's swap: as initialised at agent start, else detected with `NoSwap`.
-pub fn node_swap() -> NodeSwap {
-    NODE_SWAP
-        .get()
-        .copied()
-        .unwrap_or_else(|| detect_node_swap(SwapBehavior::NoSwap))
-}
-
-fn detect_node_swap(behavior: SwapBehavior) -> NodeSwap {
+fn node_swap_facts(behavior: SwapBehavior) -> NodeSwap {
     let swap_capacity = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| meminfo_bytes(&t, "SwapTotal"))

@@ -1,6 +1,6 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
-//! `/node`, `/node/reports`, `/manifests` (per-file manifest errors) and `/configz` (the
-//! effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
+//! `/node`, `/node/reports`, `/gc` (garbage collection counters), `/manifests` (per-file
+//! manifest errors) and `/configz` (the effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
 //! node shutdown and answers with its report when every pod has ended.
 
 use std::convert::Infallible;
@@ -162,6 +162,7 @@ fn route(
             ),
         },
         ["node", "reports"] => json(StatusCode::OK, &node.counters()),
+        ["gc"] => json(StatusCode::OK, &super::gc::counters(&ctx.gc)),
         ["configz"] => json(StatusCode::OK, &serde_json::json!({ "agent": config })),
         ["manifests"] => {
             let errors: std::collections::BTreeMap<String, String> = ctx

@@ -662,6 +662,7 @@ impl PodWorker {
             host_ip: &host_ip,
             node_name: &self.ctx.node.name,
             image: &image,
+            swap: &self.ctx.swap,
         };
         let mut config = container_config(self.pod(), c, restart_count, &cctx);
         let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
