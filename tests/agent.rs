@@ -769,3 +769,31 @@ async fn manifest_removed_while_berthd_was_down_removes_the_pod() {
     assert!(a.pod("default", "gone").is_none());
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_env_value_without_a_source_is_a_create_container_config_error() {
+    let a = Agent::start();
+    a.write(
+        "secret.yaml",
+        &pod_yaml(
+            "secret",
+            "sleep 3600",
+            "",
+            "    env:\n    - name: TOKEN\n      valueFrom:\n        secretKeyRef: {name: api, key: token}\n",
+        ),
+    );
+    let p = a.wait_pod("default", "secret", "CreateContainerConfigError", |p| {
+        waiting_reason(p, "main") == "CreateContainerConfigError"
+    });
+    let message = container(&p, "main")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("TOKEN") && message.contains("API server"),
+        "{message}"
+    );
+    let c = a.daemon.client().await;
+    assert!(containers(&c).await.is_empty(), "no container was created");
+    a.finish().await;
+}

@@ -312,3 +312,40 @@ async fn memory_pressure_refuses_best_effort_and_spares_critical_pods() {
     );
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_disk_pressure_first_removes_unused_images() {
+    // imagefs.available above what this disk has free: always under DiskPressure. Image GC's own
+    // thresholds (100 %) never act; the eviction manager's node-level reclaim must.
+    let a = Agent::start_with_config(
+        &[],
+        "eviction_monitoring_period_secs = 0.5\nimage_gc_high_threshold_percent = 100\n\
+         image_gc_low_threshold_percent = 100\nimage_minimum_gc_age_secs = 0.0\n\
+         [agent.eviction_hard]\n\"imagefs.available\" = \"99%\"\n",
+    );
+    let c = a.daemon.client().await;
+    common::pull(&c, &common::image("layers"))
+        .await
+        .expect("pull");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = common::list(&c).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unused image was not reclaimed: {:?}\n{}",
+            left.iter().map(|i| &i.repo_tags).collect::<Vec<_>>(),
+            a.daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        a.daemon
+            .log()
+            .contains("disk pressure: removed unused images before evicting pods")
+    );
+    wait_condition(&a, "DiskPressure", "True");
+    a.finish().await;
+}

@@ -24,36 +24,34 @@ pub struct ContainerContext<'a> {
     pub swap: &'a resources::NodeSwap,
 }
 
-/// The config for restart number `restart_count` of container `c` in `pod`.
+/// The config for restart number `restart_count` of container `c` in `pod`; an env value that
+/// cannot be resolved is an error (the kubelet's CreateContainerConfigError).
 pub fn container_config(
     pod: &Pod,
     c: &Container,
     restart_count: u32,
     ctx: &ContainerContext<'_>,
-) -> cri::ContainerConfig {
+) -> Result<cri::ContainerConfig, String> {
     let spec = pod.spec.clone().unwrap_or_default();
     let grace = spec.termination_grace_period_seconds.unwrap_or(30);
     let psc = spec.security_context.clone().unwrap_or_default();
     let sc = c.security_context.clone().unwrap_or_default();
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
-    let envs = c
-        .env
-        .iter()
-        .flatten()
-        .filter_map(|e| {
-            let value = match (&e.value, &e.value_from) {
-                (Some(v), _) => expand(v, c, pod),
-                (None, Some(from)) => downward_env(&e.name, from, pod, c, ctx)?,
-                (None, None) => String::new(),
-            };
-            Some(cri::KeyValue {
-                key: e.name.clone(),
-                value,
-            })
-        })
-        .collect();
-    cri::ContainerConfig {
+    let mut envs = Vec::new();
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), _) => expand(v, c, pod),
+            (None, Some(from)) => downward_env(from, pod, c, ctx)
+                .map_err(|why| format!("couldn't find key for env {:?}: {why}", e.name))?,
+            (None, None) => String::new(),
+        };
+        envs.push(cri::KeyValue {
+            key: e.name.clone(),
+            value,
+        });
+    }
+    Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: c.name.clone(),
             attempt: restart_count,
@@ -106,7 +104,7 @@ pub fn container_config(
             }),
         }),
         ..Default::default()
-    }
+    })
 }
 
 /// Where `Localhost` seccomp profiles live (the kubelet's directory, so existing nodes' profiles work).
@@ -195,16 +193,16 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
     out
 }
 
-/// An env value from the downward API (fieldRef or resourceFieldRef); None (logged) when the
-/// agent cannot resolve it.
+/// An env value from the downward API (fieldRef or resourceFieldRef). Secrets and config maps
+/// need an API server, which a node without a cluster does not have: refused, as the kubelet
+/// refuses a missing one (CreateContainerConfigError).
 fn downward_env(
-    var: &str,
     from: &EnvVarSource,
     pod: &Pod,
     c: &Container,
     ctx: &ContainerContext<'_>,
-) -> Option<String> {
-    let value = if let Some(f) = &from.field_ref {
+) -> Result<String, String> {
+    if let Some(f) = &from.field_ref {
         field_value(f, pod, ctx)
     } else if let Some(sel) = &from.resource_field_ref {
         let target = match sel.container_name.as_deref().filter(|n| !n.is_empty()) {
@@ -214,14 +212,13 @@ fn downward_env(
         // The node's root filesystem stands for its ephemeral storage.
         let node = NodeAllocatable::of_this_node(ctx.memory_capacity, std::path::Path::new("/"));
         target.and_then(|t| downward::resource_value(t, sel, &node))
+    } else if from.secret_key_ref.is_some() {
+        Err("secrets need an API server; this node has none".into())
+    } else if from.config_map_key_ref.is_some() {
+        Err("config maps need an API server; this node has none".into())
     } else {
-        return None;
-    };
-    value
-        .inspect_err(|e| {
-            tracing::warn!(container = %c.name, env = var, error = %e, "env value from the downward API not set");
-        })
-        .ok()
+        Err("valueFrom names no source".into())
+    }
 }
 
 /// Downward-API env values of pod fields: the node's and the pod's addresses and names, and
@@ -266,8 +263,7 @@ mod tests {
                         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                         {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
                         {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}}},
-                        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"containerName": "c", "resource": "requests.memory", "divisor": "1Mi"}}},
-                        {"name": "BAD", "valueFrom": {"resourceFieldRef": {"containerName": "nope", "resource": "limits.cpu"}}}
+                        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"containerName": "c", "resource": "requests.memory", "divisor": "1Mi"}}}
                     ],
                     "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
                     "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
@@ -289,7 +285,7 @@ mod tests {
                 controller: true,
             },
         };
-        let cfg = container_config(&pod, c, 3, &ctx);
+        let cfg = container_config(&pod, c, 3, &ctx).expect("config");
         assert_eq!(cfg.metadata.as_ref().map(|m| m.attempt), Some(3));
         assert_eq!(cfg.log_path, "c/3.log");
         assert_eq!(cfg.labels[labels::POD_UID], "u1");
@@ -306,10 +302,19 @@ mod tests {
         assert_eq!(env["APP"], "a1");
         assert_eq!(env["CPU"], "500");
         assert_eq!(env["MEM"], "64");
-        assert!(
-            !env.contains_key("BAD"),
-            "an unknown container leaves the variable out"
-        );
+        // A value that cannot be resolved fails the config (CreateContainerConfigError).
+        for bad in [
+            serde_json::json!({"resourceFieldRef": {"containerName": "nope", "resource": "limits.cpu"}}),
+            serde_json::json!({"secretKeyRef": {"name": "s", "key": "k"}}),
+        ] {
+            let mut broken = c.clone();
+            broken.env.get_or_insert_default().push(
+                serde_json::from_value(serde_json::json!({"name": "BAD", "valueFrom": bad}))
+                    .expect("env var"),
+            );
+            let err = container_config(&pod, &broken, 0, &ctx).expect_err("unresolvable env");
+            assert!(err.contains("\"BAD\""), "{err}");
+        }
         let linux = cfg.linux.expect("linux");
         let r = linux.resources.expect("resources");
         assert_eq!(

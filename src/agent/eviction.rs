@@ -513,7 +513,26 @@ impl Manager {
             r.imagefs = observed.imagefs.clone();
         }
         let t = to_reclaim(&self.thresholds, &v.actionable)?.clone();
-        let obs = observed.signals.get(&t.signal).copied()?;
+        let mut obs = observed.signals.get(&t.signal).copied()?;
+        if t.signal.condition() == Condition::Disk && super::gc::reclaim_disk(&self.ctx).await > 0 {
+            // Freed without evicting anyone: look again before choosing a victim.
+            let sources = self.sources().await;
+            let again = tokio::task::spawn_blocking(move || signals::observe(&sources))
+                .await
+                .unwrap_or_default();
+            match again.signals.get(&t.signal).copied() {
+                Some(o) if !t.met_by(&o) => {
+                    tracing::info!(
+                        signal = t.signal.name(),
+                        available = o.available,
+                        "eviction: node-level reclaim relieved the pressure; no pod evicted"
+                    );
+                    return None;
+                }
+                Some(o) => obs = o,
+                None => {}
+            }
+        }
         tracing::info!(signal = t.signal.name(), threshold = %t.text, available = obs.available, "eviction: threshold met, attempting to reclaim {}", t.signal.resource());
         self.evict_one(&t, &obs, observed.dedicated_imagefs).await
     }

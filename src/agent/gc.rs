@@ -30,9 +30,12 @@ pub struct GcCounters {
     pub last_image_pass_micros: u64,
 }
 
-/// The GC's running counters (one set per agent).
+/// The GC's running state: counters and the image tracker (one per agent).
 #[derive(Default)]
 pub struct Counters {
+    /// When each image was first seen and last used (shared by image GC passes and the
+    /// eviction manager's reclaim).
+    images: std::sync::Mutex<ImageTracker>,
     container_passes: AtomicU64,
     containers_removed: AtomicU64,
     sandboxes_removed: AtomicU64,
@@ -72,7 +75,6 @@ fn micros_since(start: Instant) -> u64 {
 pub async fn run(ctx: Arc<AgentContext>) {
     let container_period = Duration::from_secs_f64(ctx.config.container_gc_period_secs);
     let image_period = Duration::from_secs_f64(ctx.config.image_gc_period_secs);
-    let mut tracker = ImageTracker::default();
     let mut next_container = tokio::time::Instant::now() + container_period;
     let mut next_image = tokio::time::Instant::now();
     loop {
@@ -82,7 +84,7 @@ pub async fn run(ctx: Arc<AgentContext>) {
             next_container = tokio::time::Instant::now() + container_period;
         }
         if tokio::time::Instant::now() >= next_image {
-            image_pass(&ctx, &mut tracker).await;
+            image_pass(&ctx).await;
             next_image = tokio::time::Instant::now() + image_period;
         }
     }
@@ -609,9 +611,9 @@ async fn list_images(ctx: &AgentContext) -> Result<Vec<cri::Image>, String> {
 }
 
 /// One image GC pass: detect images, then free space if the image filesystem is too full.
-async fn image_pass(ctx: &AgentContext, tracker: &mut ImageTracker) {
+async fn image_pass(ctx: &AgentContext) {
     let started = Instant::now();
-    if let Err(e) = image_pass_inner(ctx, tracker).await {
+    if let Err(e) = image_pass_inner(ctx).await {
         tracing::warn!(error = %e, "image GC pass failed");
     }
     add(&ctx.gc.image_passes, 1);
@@ -620,14 +622,27 @@ async fn image_pass(ctx: &AgentContext, tracker: &mut ImageTracker) {
         .store(micros_since(started), Ordering::Relaxed);
 }
 
-async fn image_pass_inner(ctx: &AgentContext, tracker: &mut ImageTracker) -> Result<(), String> {
+/// Lists images and the containers' use of them, records that in the tracker, and returns the
+/// images that may go now (oldest unused first).
+async fn detect_images(ctx: &AgentContext) -> Result<Vec<ImageCandidate>, String> {
     let images = list_images(ctx).await?;
     let containers = all_containers(ctx)
         .await
         .map_err(|e| format!("ListContainers: {}", e.message()))?;
     let in_use = images_in_use(&images, &containers);
     let now = Instant::now();
+    let min_age = Duration::from_secs_f64(ctx.config.image_minimum_gc_age_secs);
+    let mut tracker = ctx
+        .gc
+        .images
+        .lock()
+        .map_err(|_| "image tracker lock poisoned".to_string())?;
     tracker.observe(&images, &in_use, now);
+    Ok(tracker.candidates(&images, &in_use, now, min_age))
+}
+
+async fn image_pass_inner(ctx: &AgentContext) -> Result<(), String> {
+    let candidates = detect_images(ctx).await?;
     let mountpoint = image_fs_mountpoint(ctx).await?;
     let (capacity, available) = fs_space(&mountpoint)?;
     let cfg = &ctx.config;
@@ -640,8 +655,6 @@ async fn image_pass_inner(ctx: &AgentContext, tracker: &mut ImageTracker) -> Res
     if amount == 0 {
         return Ok(());
     }
-    let min_age = Duration::from_secs_f64(cfg.image_minimum_gc_age_secs);
-    let candidates = tracker.candidates(&images, &in_use, now, min_age);
     let freed = remove_images(ctx, candidates, amount).await;
     tracing::info!(
         filesystem = %mountpoint,
@@ -660,6 +673,28 @@ async fn image_pass_inner(ctx: &AgentContext, tracker: &mut ImageTracker) -> Res
         );
     }
     Ok(())
+}
+
+/// Node-level reclaim before evicting pods for disk pressure, as the kubelet does: a container
+/// GC pass, then every unused image old enough (whatever the image GC thresholds say).
+/// Returns the image bytes freed.
+pub async fn reclaim_disk(ctx: &AgentContext) -> u64 {
+    container_pass(ctx).await;
+    match detect_images(ctx).await {
+        Ok(candidates) if !candidates.is_empty() => {
+            let freed = remove_images(ctx, candidates, u64::MAX).await;
+            tracing::info!(
+                freed,
+                "disk pressure: removed unused images before evicting pods"
+            );
+            freed
+        }
+        Ok(_) => 0,
+        Err(e) => {
+            tracing::warn!(error = %e, "disk pressure: listing images to reclaim failed");
+            0
+        }
+    }
 }
 
 /// Removes candidates in order until `amount` bytes are freed; returns the bytes freed.

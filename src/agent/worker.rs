@@ -664,7 +664,14 @@ impl PodWorker {
             image: &image,
             swap: &self.ctx.swap,
         };
-        let mut config = container_config(self.pod(), c, restart_count, &cctx);
+        let mut config = match container_config(self.pod(), c, restart_count, &cctx) {
+            Ok(config) => config,
+            Err(e) => {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "container config");
+                self.set_waiting(&c.name, "CreateContainerConfigError", e);
+                return;
+            }
+        };
         let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
         let mounts = super::volumes::prepare(self.pod(), &pod_dir)
             .and_then(|paths| super::volumes::mounts(c, &paths));
