@@ -115,34 +115,7 @@ fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
     wait_for("berthd's delay inhibitor lock", || {
         bus.log().contains("inhibit shutdown berth delay")
     });
-    a.write(
-        "regular.yaml",
-        &pod_yaml(
-            "regular",
-            "trap 'exit 0' TERM; while true; do sleep 0.2; done",
-            "",
-            "",
-        ),
-    );
-    a.write(
-        "critical.yaml",
-        &pod_yaml(
-            "critical",
-            "trap '' TERM; while true; do sleep 0.2; done",
-            "  priorityClassName: system-node-critical\n",
-            "",
-        )
-        .replace(
-            "terminationGracePeriodSeconds: 1\n",
-            "terminationGracePeriodSeconds: 30\n",
-        ),
-    );
-    a.wait_pod("default", "regular", "regular running", |p| {
-        running(p, "main")
-    });
-    a.wait_pod("default", "critical", "critical running", |p| {
-        running(p, "main")
-    });
+    start_regular_and_critical_pods(&a, "true");
     assert!(!bus.log().contains("released"), "{}", bus.log());
 
     bus.prepare_for_shutdown();

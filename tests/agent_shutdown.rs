@@ -31,35 +31,7 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
     );
     // The regular pod takes a second to stop after SIGTERM; the critical one ignores SIGTERM,
     // so it lives until its share of the period (3 s) runs out and it is killed.
-    a.write(
-        "regular.yaml",
-        &pod_yaml(
-            "regular",
-            "trap 'sleep 1; exit 0' TERM; while true; do sleep 0.2; done",
-            "  terminationGracePeriodSeconds: 30\n",
-            "",
-        )
-        .replace("  terminationGracePeriodSeconds: 1\n", ""),
-    );
-    a.write(
-        "critical.yaml",
-        &pod_yaml(
-            "critical",
-            "trap '' TERM; while true; do sleep 0.2; done",
-            "  priorityClassName: system-node-critical\n",
-            "",
-        )
-        .replace(
-            "  terminationGracePeriodSeconds: 1\n",
-            "  terminationGracePeriodSeconds: 30\n",
-        ),
-    );
-    a.wait_pod("default", "regular", "regular running", |p| {
-        running(p, "main")
-    });
-    a.wait_pod("default", "critical", "critical running", |p| {
-        running(p, "main")
-    });
+    start_regular_and_critical_pods(&a, "sleep 1");
 
     let port = a.port;
     let shutdown = std::thread::spawn(move || {

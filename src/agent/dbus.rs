@@ -173,12 +173,16 @@ impl Reader<'_> {
         Ok(s)
     }
 
-    fn u32(&mut self) -> Result<u32, DbusError> {
-        self.align(4);
-        let b: [u8; 4] = self
-            .take(4)?
+    /// `N` bytes at the next multiple of `N` (the alignment of fixed-size types).
+    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], DbusError> {
+        self.align(N);
+        self.take(N)?
             .try_into()
-            .map_err(|_| DbusError::Malformed("u32".into()))?;
+            .map_err(|_| DbusError::Malformed(format!("{N}-byte value")))
+    }
+
+    fn u32(&mut self) -> Result<u32, DbusError> {
+        let b = self.fixed::<4>()?;
         Ok(if self.big_endian {
             u32::from_be_bytes(b)
         } else {
@@ -187,11 +191,7 @@ impl Reader<'_> {
     }
 
     fn u64(&mut self) -> Result<u64, DbusError> {
-        self.align(8);
-        let b: [u8; 8] = self
-            .take(8)?
-            .try_into()
-            .map_err(|_| DbusError::Malformed("u64".into()))?;
+        let b = self.fixed::<8>()?;
         Ok(if self.big_endian {
             u64::from_be_bytes(b)
         } else {

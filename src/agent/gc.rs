@@ -423,17 +423,11 @@ async fn remove_container(ctx: &AgentContext, id: &str) -> bool {
     let req = cri::RemoveContainerRequest {
         container_id: id.to_string(),
     };
-    match ctx.client.runtime().remove_container(req).await {
-        Ok(_) => {
-            tracing::debug!(container = id, "container GC: removed dead container");
-            true
-        }
-        Err(e) if e.code() == tonic::Code::NotFound => false,
-        Err(e) => {
-            tracing::warn!(container = id, error = %e.message(), "container GC: removing dead container failed");
-            false
-        }
-    }
+    removed(
+        ctx.client.runtime().remove_container(req).await,
+        "container",
+        id,
+    )
 }
 
 /// Removes a dead sandbox; true when this call removed it.
@@ -441,14 +435,23 @@ async fn remove_sandbox(ctx: &AgentContext, id: &str) -> bool {
     let req = cri::RemovePodSandboxRequest {
         pod_sandbox_id: id.to_string(),
     };
-    match ctx.client.runtime().remove_pod_sandbox(req).await {
+    removed(
+        ctx.client.runtime().remove_pod_sandbox(req).await,
+        "sandbox",
+        id,
+    )
+}
+
+/// Whether a removal call removed `kind` `id` (NotFound: someone else did); failures logged.
+fn removed<T>(result: Result<T, tonic::Status>, kind: &str, id: &str) -> bool {
+    match result {
         Ok(_) => {
-            tracing::debug!(sandbox = id, "container GC: removed dead sandbox");
+            tracing::debug!(kind, id, "container GC: removed dead {kind}");
             true
         }
         Err(e) if e.code() == tonic::Code::NotFound => false,
         Err(e) => {
-            tracing::warn!(sandbox = id, error = %e.message(), "container GC: removing dead sandbox failed");
+            tracing::warn!(kind, id, error = %e.message(), "container GC: removing dead {kind} failed");
             false
         }
     }

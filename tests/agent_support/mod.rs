@@ -262,3 +262,39 @@ pub fn log_dir(a: &Agent, pod: &Value) -> PathBuf {
         pod["metadata"]["uid"].as_str().unwrap_or("")
     ))
 }
+
+/// For node shutdown tests: a regular pod whose container takes `regular_stop` (a shell
+/// command, e.g. `sleep 1`) to exit after SIGTERM, and a critical pod (system-node-critical)
+/// whose container ignores SIGTERM; both with a 30 s grace period; waits until both run.
+pub fn start_regular_and_critical_pods(a: &Agent, regular_stop: &str) {
+    let with_grace = |yaml: String| {
+        yaml.replace(
+            "terminationGracePeriodSeconds: 1\n",
+            "terminationGracePeriodSeconds: 30\n",
+        )
+    };
+    a.write(
+        "regular.yaml",
+        &with_grace(pod_yaml(
+            "regular",
+            &format!("trap '{regular_stop}; exit 0' TERM; while true; do sleep 0.2; done"),
+            "",
+            "",
+        )),
+    );
+    a.write(
+        "critical.yaml",
+        &with_grace(pod_yaml(
+            "critical",
+            "trap '' TERM; while true; do sleep 0.2; done",
+            "  priorityClassName: system-node-critical\n",
+            "",
+        )),
+    );
+    a.wait_pod("default", "regular", "regular running", |p| {
+        running(p, "main")
+    });
+    a.wait_pod("default", "critical", "critical running", |p| {
+        running(p, "main")
+    });
+}
