@@ -1,6 +1,6 @@
 //! Static pod manifests: scanning a directory of Pod YAML/JSON files into desired pods.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,6 +21,33 @@ pub struct DesiredPod {
     pub hash: String,
     /// The pod, with namespace defaulted and UID set.
     pub pod: Pod,
+}
+
+/// The last text of each manifest file and what it parsed to: a rescan parses only files whose
+/// text changed (parsing YAML is most of an idle agent's work otherwise).
+#[derive(Debug, Default)]
+pub struct ParseCache {
+    files: HashMap<PathBuf, (String, Result<Vec<DesiredPod>, String>)>,
+}
+
+impl ParseCache {
+    /// What `text` (the content of `file`) parses to, from the cache when the text is unchanged.
+    fn parse(&mut self, file: &Path, text: String) -> Result<Vec<DesiredPod>, String> {
+        if let Some((cached, result)) = self.files.get(file)
+            && *cached == text
+        {
+            return result.clone();
+        }
+        let result = parse(file, &text).map_err(|e| e.to_string());
+        self.files
+            .insert(file.to_path_buf(), (text, result.clone()));
+        result
+    }
+
+    /// Forgets files that are gone.
+    fn retain(&mut self, present: &[PathBuf]) {
+        self.files.retain(|f, _| present.contains(f));
+    }
 }
 
 /// Result of one scan: the desired pods and the files that were refused.
@@ -47,7 +74,7 @@ pub enum ManifestError {
 /// A missing directory is an empty scan. A pod defined by two files belongs to the file that
 /// `owners` says already has it (the file that was there first), else to the first by name;
 /// the other file is refused.
-pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>) -> Scan {
+pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>, cache: &mut ParseCache) -> Scan {
     let mut out = Scan::default();
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
@@ -64,6 +91,7 @@ pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>) -> Scan {
         }
     };
     files.sort();
+    cache.retain(&files);
     // Files that own a pod already are read first, so they keep it.
     files.sort_by_key(|f| !owners.values().any(|o| o == f));
     for file in files {
@@ -74,7 +102,7 @@ pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>) -> Scan {
                 continue;
             }
         };
-        match parse(&file, &text) {
+        match cache.parse(&file, text) {
             Ok(pods) => {
                 let mut errors = Vec::new();
                 for p in pods {
@@ -95,7 +123,7 @@ pub fn scan(dir: &Path, owners: &BTreeMap<PodKey, PathBuf>) -> Scan {
                 }
             }
             Err(e) => {
-                out.errors.insert(file, e.to_string());
+                out.errors.insert(file, e);
             }
         }
     }
@@ -288,6 +316,31 @@ fn content_hash(pod: &Pod) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn rescans_reparse_only_changed_files() {
+        let dir = std::env::temp_dir().join(format!("berth-manifest-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let pod = |image: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: a}}\nspec:\n  containers:\n  - {{name: c, image: {image}}}\n"
+            )
+        };
+        std::fs::write(dir.join("a.yaml"), pod("one")).expect("write");
+        let mut cache = ParseCache::default();
+        let first = scan(&dir, &BTreeMap::new(), &mut cache);
+        let again = scan(&dir, &BTreeMap::new(), &mut cache);
+        let hash = |s: &Scan| s.pods.values().map(|p| p.hash.clone()).collect::<Vec<_>>();
+        assert_eq!(hash(&first), hash(&again));
+        std::fs::write(dir.join("a.yaml"), pod("two")).expect("write");
+        let changed = scan(&dir, &BTreeMap::new(), &mut cache);
+        assert_ne!(hash(&first), hash(&changed));
+        std::fs::remove_file(dir.join("a.yaml")).expect("remove");
+        assert!(scan(&dir, &BTreeMap::new(), &mut cache).pods.is_empty());
+        assert!(cache.files.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     const TWO: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\nspec:\n  containers:\n  - name: c\n    image: busybox\n---\n{\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"metadata\": {\"name\": \"b\", \"namespace\": \"kube-system\"}, \"spec\": {\"containers\": [{\"name\": \"c\", \"image\": \"busybox\", \"unknownField\": 1}]}}\n";
 
     #[test]
@@ -298,7 +351,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("b.yaml"), TWO).expect("write");
         std::fs::write(dir.join("a.yaml"), TWO).expect("write");
-        let s = scan(&dir, &BTreeMap::new());
+        let s = scan(&dir, &BTreeMap::new(), &mut ParseCache::default());
         assert_eq!(s.pods.len(), 2);
         assert!(s.errors.contains_key(&dir.join("b.yaml")));
         let owners = s
@@ -306,7 +359,7 @@ mod tests {
             .keys()
             .map(|k| (k.clone(), dir.join("b.yaml")))
             .collect();
-        let s = scan(&dir, &owners);
+        let s = scan(&dir, &owners, &mut ParseCache::default());
         assert!(s.errors.contains_key(&dir.join("a.yaml")), "{:?}", s.errors);
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(pods.len(), 2);

@@ -26,6 +26,7 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
     let mut desired: BTreeMap<PodKey, DesiredPod> = BTreeMap::new();
     let mut last_errors = BTreeMap::new();
     let mut first = true;
+    let mut cache = manifest::ParseCache::default();
     let wake = Arc::new(tokio::sync::Notify::new());
     super::watch::spawn(dir.clone(), wake.clone());
     loop {
@@ -34,8 +35,17 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
             .iter()
             .map(|(k, v)| (k.clone(), v.file.clone()))
             .collect();
-        let scan = match tokio::task::spawn_blocking(move || manifest::scan(&d, &owners)).await {
-            Ok(s) => s,
+        let mut parsed = std::mem::take(&mut cache);
+        let scan = match tokio::task::spawn_blocking(move || {
+            let scan = manifest::scan(&d, &owners, &mut parsed);
+            (scan, parsed)
+        })
+        .await
+        {
+            Ok((s, parsed)) => {
+                cache = parsed;
+                s
+            }
             Err(e) => {
                 tracing::error!(error = %e, "manifest scan panicked");
                 tokio::time::sleep(period).await;
