@@ -448,7 +448,11 @@ async fn bad_manifests_are_reported_and_pull_errors_shown() {
         "bad.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: [\n",
     );
-    a.write("good.yaml", &pod_yaml("good", "sleep 3600", "", ""));
+    // A field the Pod type does not have is a warning, not an error.
+    a.write(
+        "good.yaml",
+        &pod_yaml("good", "sleep 3600", "", "    futureField: 1\n"),
+    );
     a.wait_pod("default", "good", "good running", |p| running(p, "main"));
     // A second file with the same pod (sorting before the first) is refused.
     a.write("dup.yaml", &pod_yaml("good", "sleep 3600", "", ""));
@@ -476,6 +480,14 @@ async fn bad_manifests_are_reported_and_pull_errors_shown() {
     };
     assert!(error_of(&bad).contains("parse"), "{m}");
     assert!(error_of(&dup).contains("already defined"), "{m}");
+    let good = a.manifest("good.yaml").display().to_string();
+    assert!(
+        m["warnings"][&good]
+            .as_str()
+            .is_some_and(|w| w.contains("spec.containers[0].futureField")),
+        "{m}"
+    );
+    assert!(a.daemon.log().contains("unknown fields ignored"));
     let p = a.pod("default", "good").expect("good");
     assert_eq!(restarts(&p, "main"), 0);
     assert!(running(&p, "main"));

@@ -21,6 +21,9 @@ pub struct DesiredPod {
     pub hash: String,
     /// The pod, with namespace defaulted and UID set.
     pub pod: Pod,
+    /// Fields of the manifest the Pod type does not have (ignored, as the API server's
+    /// warnings say), as JSON paths.
+    pub unknown_fields: Vec<String>,
 }
 
 /// The last text of each manifest file and what it parsed to: a rescan parses only files whose
@@ -181,7 +184,11 @@ fn to_pod(file: &Path, v: serde_json::Value) -> Result<DesiredPod, ManifestError
         )));
     }
     let mut pod: Pod =
-        serde_json::from_value(v).map_err(|e| ManifestError::Parse(e.to_string()))?;
+        serde_json::from_value(v.clone()).map_err(|e| ManifestError::Parse(e.to_string()))?;
+    let mut unknown_fields = Vec::new();
+    if let Ok(known) = serde_json::to_value(&pod) {
+        unknown(&v, &known, "", &mut unknown_fields);
+    }
     let name = pod.metadata.name.clone().unwrap_or_default();
     if name.is_empty() {
         return Err(ManifestError::Invalid("metadata.name is missing".into()));
@@ -260,12 +267,49 @@ fn to_pod(file: &Path, v: serde_json::Value) -> Result<DesiredPod, ManifestError
     let hash = content_hash(&pod);
     let uid = stable_uid(file, &namespace, &name);
     pod.metadata.uid = Some(uid.clone());
+    if !unknown_fields.is_empty() {
+        tracing::warn!(file = %file.display(), pod = %format!("{namespace}/{name}"), fields = ?unknown_fields, "manifest: unknown fields ignored");
+    }
     Ok(DesiredPod {
         file: file.to_path_buf(),
         uid,
         hash,
         pod,
+        unknown_fields,
     })
+}
+
+/// The paths of `given` (the manifest) that `known` (the same document read into the Pod type
+/// and written back) lacks: fields the type does not have. Explicit nulls do not count.
+fn unknown(
+    given: &serde_json::Value,
+    known: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (given, known) {
+        (Value::Object(g), Value::Object(k)) => {
+            for (key, value) in g {
+                let here = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match k.get(key) {
+                    Some(kv) => unknown(value, kv, &here, out),
+                    None if !value.is_null() => out.push(here),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(k)) => {
+            for (i, (gv, kv)) in g.iter().zip(k).enumerate() {
+                unknown(gv, kv, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// DNS-label-ish names: lower-case alphanumerics, '-' and '.', at most 253 characters.
@@ -315,6 +359,17 @@ fn content_hash(pod: &Pod) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_fields_are_named_not_fatal() {
+        let pods = parse(Path::new("/m/two.yaml"), TWO).expect("parse");
+        assert!(
+            pods[0].unknown_fields.is_empty(),
+            "{:?}",
+            pods[0].unknown_fields
+        );
+        assert_eq!(pods[1].unknown_fields, ["spec.containers[0].unknownField"]);
+    }
 
     #[test]
     fn rescans_reparse_only_changed_files() {

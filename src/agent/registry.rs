@@ -13,6 +13,7 @@ use super::manifest::PodKey;
 pub struct PodRegistry {
     pods: RwLock<BTreeMap<PodKey, Pod>>,
     errors: RwLock<BTreeMap<PathBuf, String>>,
+    warnings: RwLock<BTreeMap<PathBuf, String>>,
 }
 
 impl PodRegistry {
@@ -48,6 +49,18 @@ impl PodRegistry {
         if let Ok(mut e) = self.errors.write() {
             *e = errors;
         }
+    }
+
+    /// Replaces the manifest warnings (files taken with fields ignored).
+    pub fn set_warnings(&self, warnings: BTreeMap<PathBuf, String>) {
+        if let Ok(mut w) = self.warnings.write() {
+            *w = warnings;
+        }
+    }
+
+    /// The manifest warnings.
+    pub fn warnings(&self) -> BTreeMap<PathBuf, String> {
+        self.warnings.read().map(|w| w.clone()).unwrap_or_default()
     }
 
     /// The manifest errors.

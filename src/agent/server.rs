@@ -1,6 +1,6 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
 //! `/node`, `/node/reports`, `/gc` (garbage collection counters), `/manifests` (per-file
-//! manifest errors) and `/configz` (the effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
+//! manifest errors and warnings) and `/configz` (the effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
 //! node shutdown and answers with its report when every pod has ended.
 
 use std::convert::Infallible;
@@ -171,7 +171,16 @@ fn route(
                 .into_iter()
                 .map(|(k, v)| (k.display().to_string(), v))
                 .collect();
-            json(StatusCode::OK, &serde_json::json!({ "errors": errors }))
+            let warnings: std::collections::BTreeMap<String, String> = ctx
+                .pods
+                .warnings()
+                .into_iter()
+                .map(|(k, v)| (k.display().to_string(), v))
+                .collect();
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "errors": errors, "warnings": warnings }),
+            )
         }
         _ => error(
             StatusCode::NOT_FOUND,

@@ -69,6 +69,22 @@ pub async fn run(ctx: Arc<AgentContext>, dir: PathBuf, period: Duration) {
         }
         desired = next;
         ctx.pods.set_errors(scan.errors);
+        let mut warnings: BTreeMap<PathBuf, String> = BTreeMap::new();
+        for d in desired.values().filter(|d| !d.unknown_fields.is_empty()) {
+            let line = format!(
+                "pod {}: unknown fields ignored: {}",
+                manifest::key_of(&d.pod).1,
+                d.unknown_fields.join(", ")
+            );
+            warnings
+                .entry(d.file.clone())
+                .and_modify(|w| {
+                    w.push_str("; ");
+                    w.push_str(&line);
+                })
+                .or_insert(line);
+        }
+        ctx.pods.set_warnings(warnings);
         if first {
             first = false;
             remove_orphans(&ctx, &desired).await;
