@@ -341,11 +341,78 @@ async fn image_disk_pressure_first_removes_unused_images() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(
+    a.wait("the reclaim logged", Duration::from_secs(10), |a| {
         a.daemon
             .log()
             .contains("disk pressure: removed unused images before evicting pods")
-    );
+    });
     wait_condition(&a, "DiskPressure", "True");
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_over_local_storage_limits_are_evicted() {
+    let a = Agent::start_with_config(&[], "eviction_monitoring_period_secs = 0.5\n");
+    // An emptyDir on disk over its sizeLimit, and a container over its ephemeral-storage limit;
+    // a third pod within its limits stays.
+    a.write(
+        "fills-volume.yaml",
+        &pod_yaml(
+            "fills-volume",
+            "dd if=/dev/zero of=/scratch/blob bs=1M count=3 && sleep 3600",
+            "  volumes:\n  - name: scratch\n    emptyDir: {sizeLimit: 1Mi}\n",
+            "    volumeMounts:\n    - {name: scratch, mountPath: /scratch}\n",
+        ),
+    );
+    a.write(
+        "fills-rootfs.yaml",
+        &pod_yaml(
+            "fills-rootfs",
+            "dd if=/dev/zero of=/blob bs=1M count=3 && sleep 3600",
+            "",
+            // A second container without a limit: the pod has no total limit, so the
+            // container's own limit is what breaks.
+            &format!(
+                "    resources: {{limits: {{ephemeral-storage: 1Mi}}}}\n  - name: side\n    image: {}\n    command: [sleep, \"3600\"]\n",
+                common::image("busybox")
+            ),
+        ),
+    );
+    a.write(
+        "fills-pod.yaml",
+        &pod_yaml(
+            "fills-pod",
+            "dd if=/dev/zero of=/blob bs=1M count=3 && sleep 3600",
+            "",
+            "    resources: {limits: {ephemeral-storage: 1Mi}}\n",
+        ),
+    );
+    a.write(
+        "within.yaml",
+        &pod_yaml(
+            "within",
+            "dd if=/dev/zero of=/blob bs=1k count=10 && sleep 3600",
+            "  volumes:\n  - name: scratch\n    emptyDir: {sizeLimit: 10Mi}\n",
+            "    resources: {limits: {ephemeral-storage: 50Mi}}\n    volumeMounts:\n    - {name: scratch, mountPath: /scratch}\n",
+        ),
+    );
+    let p = a.wait_pod("default", "fills-volume", "fills-volume evicted", evicted);
+    assert_eq!(
+        p["status"]["message"],
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "
+    );
+    let p = a.wait_pod("default", "fills-rootfs", "fills-rootfs evicted", evicted);
+    assert_eq!(
+        p["status"]["message"],
+        "Container main exceeded its local ephemeral storage limit \"1Mi\". "
+    );
+    let p = a.wait_pod("default", "fills-pod", "fills-pod evicted", evicted);
+    assert_eq!(
+        p["status"]["message"],
+        "Pod ephemeral local storage usage exceeds the total limit of containers 1Mi. "
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let within = a.pod("default", "within").expect("within");
+    assert!(running(&within, "main"), "{within}");
     a.finish().await;
 }

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::AgentContext;
 use super::config::{AgentConfig, ThresholdValue, threshold_value};
+use super::eviction_local as local;
 use super::eviction_signals::{
     self as signals, Condition, Observation, Observed, PodUsage, Signal,
 };
@@ -512,6 +513,9 @@ impl Manager {
             r.nodefs = observed.nodefs.clone();
             r.imagefs = observed.imagefs.clone();
         }
+        if let Some(uid) = self.enforce_local_storage_limits().await {
+            return Some(uid);
+        }
         let t = to_reclaim(&self.thresholds, &v.actionable)?.clone();
         let mut obs = observed.signals.get(&t.signal).copied()?;
         if t.signal.condition() == Condition::Disk && super::gc::reclaim_disk(&self.ctx).await > 0 {
@@ -535,6 +539,60 @@ impl Manager {
         }
         tracing::info!(signal = t.signal.name(), threshold = %t.text, available = obs.available, "eviction: threshold met, attempting to reclaim {}", t.signal.resource());
         self.evict_one(&t, &obs, observed.dedicated_imagefs).await
+    }
+
+    /// Evicts (grace 0) every pod over an emptyDir sizeLimit or an ephemeral-storage limit;
+    /// returns the first one's UID.
+    async fn enforce_local_storage_limits(&self) -> Option<String> {
+        let pods: Vec<Pod> = self
+            .ctx
+            .pods
+            .list()
+            .into_iter()
+            .filter(|p| is_active(p, &self.ctx) && local::any_limits(std::slice::from_ref(p)))
+            .collect();
+        if pods.is_empty() {
+            return None;
+        }
+        let usage = signals::pod_usage(&self.ctx, &pods).await;
+        let pods_dir = self.ctx.pods_dir.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            pods.into_iter()
+                .filter_map(|p| {
+                    let uid = p.metadata.uid.clone()?;
+                    let dirs = local::empty_dir_usage(&p, &pods_dir.join(&uid));
+                    let u = usage.get(&uid).cloned().unwrap_or_default();
+                    local::exceeded(&p, &u, &dirs).map(|e| (pod_ref(&p), e))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let mut first = None;
+        for (pod, e) in checked {
+            tracing::warn!(pod = %pod, message = %e.message, "eviction: local storage limit exceeded, evicting pod");
+            self.ctx.terminations.request(
+                &e.uid,
+                Termination {
+                    reason: "Evicted".into(),
+                    message: e.message.clone(),
+                    grace_secs: Some(0),
+                },
+            );
+            if let Ok(mut r) = self.shared.report.lock() {
+                r.evictions.push(EvictionRecord {
+                    pod,
+                    uid: e.uid.clone(),
+                    signal: "ephemeral-storage",
+                    message: e.message,
+                    grace_secs: 0,
+                });
+                let extra = r.evictions.len().saturating_sub(KEPT_EVICTIONS);
+                r.evictions.drain(..extra);
+            }
+            first.get_or_insert(e.uid);
+        }
+        first
     }
 
     /// Evicts the first non-critical pod in the ranking for `t`.

@@ -9,6 +9,7 @@ pub mod container_config;
 pub mod dbus;
 pub mod downward;
 pub mod eviction;
+pub mod eviction_local;
 pub mod eviction_signals;
 pub mod gc;
 pub mod hooks;

@@ -55,7 +55,7 @@ fn projected_downward_items(
 }
 
 /// Directory of emptyDir volume `name` of the pod whose directory is `pod_dir`.
-fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
+pub fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
     pod_dir.join("volumes/empty-dir").join(name)
 }
 
