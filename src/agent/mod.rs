@@ -12,6 +12,8 @@ pub mod eviction;
 pub mod eviction_local;
 pub mod eviction_signals;
 pub mod gc;
+pub mod gc_containers;
+pub mod gc_images;
 pub mod hooks;
 pub mod labels;
 pub mod logind;
