@@ -105,7 +105,7 @@ pub fn exceeded(
         if used > limit {
             return found(format!(
                 "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
-                super::eviction::format_bytes(limit)
+                super::eviction_policy::format_bytes(limit)
             ));
         }
     }

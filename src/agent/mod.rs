@@ -10,6 +10,7 @@ pub mod dbus;
 pub mod downward;
 pub mod eviction;
 pub mod eviction_local;
+pub mod eviction_policy;
 pub mod eviction_signals;
 pub mod gc;
 pub mod gc_containers;

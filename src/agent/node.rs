@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use super::AgentContext;
 use super::config::AgentConfig;
 use super::status;
-use super::{eviction, eviction_signals};
+use super::{eviction, eviction_policy, eviction_signals};
 
 /// Who this node is.
 #[derive(Debug, Clone)]
@@ -537,7 +537,7 @@ pub fn capacity_and_allocatable(
     allocatable.insert("cpu".to_string(), q(cpu));
     let left = |total: u64, resource: &str, signal: &str| {
         let minus = reserved(cfg, resource).max(0.0) as u64 + hard_threshold(cfg, signal, total);
-        eviction::format_bytes(total.saturating_sub(minus))
+        eviction_policy::format_bytes(total.saturating_sub(minus))
     };
     allocatable.insert(
         "memory".to_string(),
@@ -593,7 +593,7 @@ mod tests {
         assert_eq!(alloc["memory"].0, format!("{}Mi", 8 * 1024 - 100));
         assert_eq!(
             alloc["ephemeral-storage"].0,
-            eviction::format_bytes(90 << 30)
+            eviction_policy::format_bytes(90 << 30)
         );
         let mut cfg = AgentConfig::default();
         cfg.system_reserved.insert("memory".into(), "1Gi".into());
