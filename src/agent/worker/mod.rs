@@ -7,16 +7,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, HostIP, Pod, PodCondition, PodIP, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
+
+mod publish;
+mod stop;
 
 use super::backoff::Backoff;
 use super::container_config::{ContainerContext, container_config};
 use super::manifest::DesiredPod;
 use super::probe::{self, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use super::sandbox_config::{log_directory, sandbox_config};
-use super::status::{self, ContainerView, PhaseInput, is_exited, is_running};
+use super::status::{self, is_exited, is_running};
 use super::{AgentContext, labels};
 
 /// Probes of one running container instance.
@@ -155,40 +158,6 @@ impl PodWorker {
             container: c.clone(),
         }
     }
-
-    /// Runs the container's preStop hook (if any) within `grace` seconds, then stops it with
-    /// what is left of the grace period.
-    async fn stop_with_hook(&self, c: Option<&Container>, id: &str, grace: i64) {
-        let started = Instant::now();
-        if let Some(c) = c
-            && let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
-        {
-            let budget = Duration::from_secs(grace.max(0) as u64);
-            if let Err(e) = super::hooks::run(h, &self.target(c, id), budget).await {
-                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "preStop hook failed");
-            }
-        }
-        let left = grace - started.elapsed().as_secs() as i64;
-        // The kubelet gives at least 2 s after a hook that used the whole period.
-        let timeout = if left < 2 && started.elapsed() > Duration::from_millis(100) {
-            2
-        } else {
-            left.max(0)
-        };
-        if let Err(e) = self
-            .ctx
-            .client
-            .runtime()
-            .stop_container(cri::StopContainerRequest {
-                container_id: id.to_string(),
-                timeout,
-            })
-            .await
-        {
-            tracing::warn!(pod = %self.pod_ref(), container = id, error = %e.message(), "StopContainer failed");
-        }
-    }
-
     fn pod_ref(&self) -> String {
         let m = &self.pod().metadata;
         format!(
@@ -473,67 +442,6 @@ impl PodWorker {
         self.init_failed = false;
         Box::pin(self.ensure_sandbox()).await
     }
-
-    async fn remove_sandbox(&self, id: &str) {
-        self.stop_containers(id, self.grace()).await;
-        let mut rt = self.ctx.client.runtime();
-        if let Err(e) = rt
-            .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            })
-            .await
-        {
-            tracing::warn!(sandbox = id, error = %e.message(), "StopPodSandbox failed");
-        }
-        if let Err(e) = rt
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            })
-            .await
-        {
-            tracing::warn!(sandbox = id, error = %e.message(), "RemovePodSandbox failed");
-        }
-    }
-
-    /// Stops the sandbox's running containers at once, each after its preStop hook, within
-    /// `grace` seconds.
-    async fn stop_containers(&self, id: &str, grace: i64) {
-        let mut rt = self.ctx.client.runtime();
-        if let Ok(list) = rt
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(cri::ContainerFilter {
-                    pod_sandbox_id: id.to_string(),
-                    ..Default::default()
-                }),
-            })
-            .await
-        {
-            let spec = self.spec();
-            let stops = list
-                .into_inner()
-                .containers
-                .into_iter()
-                .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
-                .map(|c| {
-                    let name = c
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.name.clone())
-                        .unwrap_or_default();
-                    let container = spec
-                        .containers
-                        .iter()
-                        .chain(spec.init_containers.iter().flatten())
-                        .find(|s| s.name == name)
-                        .cloned();
-                    async move {
-                        self.stop_with_hook(container.as_ref(), &c.id, grace).await;
-                    }
-                });
-            futures_util::future::join_all(stops).await;
-        }
-    }
-
     /// Lists the sandbox's containers; asks ContainerStatus only for those whose state changed.
     async fn observe(&mut self) -> Result<(), String> {
         let Some((sandbox, _)) = self.sandbox.clone() else {
@@ -903,219 +811,6 @@ impl PodWorker {
         for t in self.tracks.values_mut() {
             t.probes = None;
         }
-    }
-
-    /// Ends the pod for good before its manifest does (eviction, node shutdown): stops its
-    /// containers within `grace_secs` (the pod's own period when None), running preStop hooks,
-    /// then its sandbox (kept, as the kubelet keeps an evicted pod's, until the manifest goes),
-    /// and leaves the pod Failed with `reason` and `message`.
-    async fn end(&mut self, reason: &str, message: &str, grace_secs: Option<i64>) {
-        tracing::info!(pod = %self.pod_ref(), reason, message, "ending pod");
-        self.drop_all_probes();
-        if let Some((id, _)) = self.sandbox.clone() {
-            let grace = grace_secs.unwrap_or_else(|| self.grace()).max(0);
-            self.stop_containers(&id, grace).await;
-            if let Err(e) = self
-                .ctx
-                .client
-                .runtime()
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await
-            {
-                tracing::warn!(sandbox = %id, error = %e.message(), "StopPodSandbox failed");
-            }
-            self.last_action = Instant::now();
-            if let Err(e) = self.observe().await {
-                tracing::debug!(pod = %self.pod_ref(), error = %e, "observing an ended pod");
-            }
-        }
-        for t in self.tracks.values_mut() {
-            t.waiting = None;
-        }
-        self.ended = Some((reason.to_string(), message.to_string()));
-        self.publish();
-        self.ctx.terminations.mark_done(&self.desired.uid);
-    }
-
-    /// Stops the containers within the grace period, then stops and removes the sandbox.
-    async fn terminate(&mut self) {
-        self.drop_all_probes();
-        if let Some((id, _)) = self.sandbox.take() {
-            self.remove_sandbox(&id).await;
-        }
-    }
-
-    /// Readiness and startup verdicts of the running instance of `name`.
-    /// Readiness and startup verdicts of the running instance of `c`: a container with a probe
-    /// whose probing has not begun for this instance is neither started nor ready yet.
-    fn verdicts(&self, c: &Container) -> (bool, bool) {
-        let track = self.tracks.get(&c.name);
-        let current = track
-            .and_then(|t| t.instances.first())
-            .map(|l| l.id.as_str());
-        let probes = track
-            .and_then(|t| t.probes.as_ref())
-            .filter(|p| Some(p.id.as_str()) == current);
-        let passed = |handle: Option<&ProbeHandle>, has: bool| match handle {
-            Some(h) => h.get() == ProbeResult::Success,
-            None => !has,
-        };
-        let started = passed(
-            probes.and_then(|p| p.startup.as_ref()),
-            c.startup_probe.is_some(),
-        );
-        let ready = started
-            && passed(
-                probes.and_then(|p| p.readiness.as_ref()),
-                c.readiness_probe.is_some(),
-            );
-        (ready, started)
-    }
-
-    fn condition(&mut self, kind: &'static str, ok: bool) -> PodCondition {
-        let now = status::now();
-        let entry = self.transitions.entry(kind).or_insert((ok, now.clone()));
-        if entry.0 != ok {
-            *entry = (ok, now);
-        }
-        PodCondition {
-            type_: kind.to_string(),
-            status: if ok { "True" } else { "False" }.to_string(),
-            last_transition_time: Some(entry.1.clone()),
-            ..Default::default()
-        }
-    }
-
-    /// Puts the pod (spec and current status) where the status endpoint reads it.
-    fn publish(&mut self) {
-        let spec = self.spec();
-        let policy = self.restart_policy();
-        let runtime = self.ctx.runtime_name.clone();
-        let mut init_statuses = Vec::new();
-        let mut init_pending = false;
-        for ic in spec.init_containers.iter().flatten() {
-            let t = self.tracks.get(&ic.name);
-            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
-            let done = instances
-                .first()
-                .is_some_and(|l| is_exited(l) && l.exit_code == 0);
-            if !done {
-                init_pending = true;
-            }
-            init_statuses.push(status::container_status(&ContainerView {
-                name: &ic.name,
-                image: ic.image.as_deref().unwrap_or_default(),
-                instances,
-                waiting: t.and_then(|t| t.waiting.as_ref()),
-                ready: done,
-                started: false,
-                runtime_name: &runtime,
-            }));
-        }
-        let mut statuses = Vec::new();
-        let mut counts = PhaseInput {
-            init_pending,
-            init_failed: self.init_failed,
-            ..Default::default()
-        };
-        let mut all_ready = true;
-        for c in &spec.containers {
-            let (ready, started) = self.verdicts(c);
-            let t = self.tracks.get(&c.name);
-            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
-            let mut waiting = t.and_then(|t| t.waiting.as_ref()).cloned();
-            if init_pending && instances.is_empty() {
-                waiting = Some(("PodInitializing".into(), String::new()));
-            }
-            let st = status::container_status(&ContainerView {
-                name: &c.name,
-                image: c.image.as_deref().unwrap_or_default(),
-                instances,
-                waiting: waiting.as_ref(),
-                ready,
-                started,
-                runtime_name: &runtime,
-            });
-            let state = st.state.clone().unwrap_or_default();
-            if state.running.is_some() {
-                counts.running += 1;
-            } else if let Some(term) = &state.terminated {
-                counts.stopped += 1;
-                if term.exit_code == 0 {
-                    counts.succeeded += 1;
-                }
-            } else if let Some(last) = st.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
-                counts.stopped += 1;
-                if last.exit_code == 0 {
-                    counts.succeeded += 1;
-                }
-            } else {
-                counts.waiting += 1;
-            }
-            all_ready &= st.ready;
-            statuses.push(st);
-        }
-        let phase = if self.ended.is_some() {
-            "Failed"
-        } else {
-            status::phase(&policy, &counts)
-        };
-        let sandbox_ready = self.sandbox.is_some();
-        let initialized = !init_pending || self.init_failed;
-        let conditions = vec![
-            self.condition("PodReadyToStartContainers", sandbox_ready),
-            self.condition("Initialized", initialized),
-            self.condition("Ready", all_ready && phase == "Running"),
-            self.condition("ContainersReady", all_ready && phase == "Running"),
-            self.condition("PodScheduled", true),
-        ];
-        let mut conditions = conditions;
-        if let Some((reason, message)) = self.ended.clone()
-            && (reason == "Evicted" || reason == super::shutdown::REASON)
-            && self.admitted
-        {
-            // The kubelet marks pods it ends itself as disrupted.
-            let mut c = self.condition("DisruptionTarget", true);
-            c.reason = Some("TerminationByKubelet".into());
-            c.message = Some(message);
-            conditions.push(c);
-        }
-        let host_ip = self.ctx.node.internal_ip.clone();
-        let pod_ip = if self.host_network() {
-            host_ip.clone()
-        } else {
-            self.pod_ip.clone()
-        };
-        let mut pod = self.pod().clone();
-        pod.spec.get_or_insert_default().node_name = Some(self.ctx.node.name.clone());
-        pod.metadata.creation_timestamp = Some(self.start_time.clone());
-        pod.status = Some(PodStatus {
-            phase: Some(phase.to_string()),
-            conditions: Some(conditions),
-            container_statuses: Some(statuses),
-            init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
-            host_ip: (!host_ip.is_empty()).then(|| host_ip.clone()),
-            host_ips: (!host_ip.is_empty()).then(|| {
-                vec![HostIP {
-                    ip: host_ip.clone(),
-                }]
-            }),
-            pod_ip: (!pod_ip.is_empty()).then(|| pod_ip.clone()),
-            pod_ips: (!pod_ip.is_empty()).then(|| vec![PodIP { ip: pod_ip.clone() }]),
-            qos_class: Some(super::resources::qos_class(&spec).to_string()),
-            start_time: Some(self.start_time.clone()),
-            message: match &self.ended {
-                Some((_, m)) => Some(m.clone()),
-                None => self.message.clone(),
-            },
-            reason: self.ended.as_ref().map(|(r, _)| r.clone()),
-            ..Default::default()
-        });
-        self.ctx
-            .pods
-            .insert(super::manifest::key_of(self.pod()), pod);
     }
 }
 

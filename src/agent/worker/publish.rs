@@ -1,0 +1,179 @@
+//! A pod worker's published status: phase, conditions, container statuses, readiness verdicts.
+
+use k8s_openapi::api::core::v1::{Container, HostIP, PodCondition, PodIP, PodStatus};
+
+use super::PodWorker;
+use crate::agent::probe::{ProbeHandle, ProbeResult};
+use crate::agent::status::{self, ContainerView, PhaseInput, is_exited};
+
+impl PodWorker {
+    /// Readiness and startup verdicts of the running instance of `c`: a container with a probe
+    /// whose probing has not begun for this instance is neither started nor ready yet.
+    pub(super) fn verdicts(&self, c: &Container) -> (bool, bool) {
+        let track = self.tracks.get(&c.name);
+        let current = track
+            .and_then(|t| t.instances.first())
+            .map(|l| l.id.as_str());
+        let probes = track
+            .and_then(|t| t.probes.as_ref())
+            .filter(|p| Some(p.id.as_str()) == current);
+        let passed = |handle: Option<&ProbeHandle>, has: bool| match handle {
+            Some(h) => h.get() == ProbeResult::Success,
+            None => !has,
+        };
+        let started = passed(
+            probes.and_then(|p| p.startup.as_ref()),
+            c.startup_probe.is_some(),
+        );
+        let ready = started
+            && passed(
+                probes.and_then(|p| p.readiness.as_ref()),
+                c.readiness_probe.is_some(),
+            );
+        (ready, started)
+    }
+
+    pub(super) fn condition(&mut self, kind: &'static str, ok: bool) -> PodCondition {
+        let now = status::now();
+        let entry = self.transitions.entry(kind).or_insert((ok, now.clone()));
+        if entry.0 != ok {
+            *entry = (ok, now);
+        }
+        PodCondition {
+            type_: kind.to_string(),
+            status: if ok { "True" } else { "False" }.to_string(),
+            last_transition_time: Some(entry.1.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Puts the pod (spec and current status) where the status endpoint reads it.
+    pub(super) fn publish(&mut self) {
+        let spec = self.spec();
+        let policy = self.restart_policy();
+        let runtime = self.ctx.runtime_name.clone();
+        let mut init_statuses = Vec::new();
+        let mut init_pending = false;
+        for ic in spec.init_containers.iter().flatten() {
+            let t = self.tracks.get(&ic.name);
+            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
+            let done = instances
+                .first()
+                .is_some_and(|l| is_exited(l) && l.exit_code == 0);
+            if !done {
+                init_pending = true;
+            }
+            init_statuses.push(status::container_status(&ContainerView {
+                name: &ic.name,
+                image: ic.image.as_deref().unwrap_or_default(),
+                instances,
+                waiting: t.and_then(|t| t.waiting.as_ref()),
+                ready: done,
+                started: false,
+                runtime_name: &runtime,
+            }));
+        }
+        let mut statuses = Vec::new();
+        let mut counts = PhaseInput {
+            init_pending,
+            init_failed: self.init_failed,
+            ..Default::default()
+        };
+        let mut all_ready = true;
+        for c in &spec.containers {
+            let (ready, started) = self.verdicts(c);
+            let t = self.tracks.get(&c.name);
+            let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
+            let mut waiting = t.and_then(|t| t.waiting.as_ref()).cloned();
+            if init_pending && instances.is_empty() {
+                waiting = Some(("PodInitializing".into(), String::new()));
+            }
+            let st = status::container_status(&ContainerView {
+                name: &c.name,
+                image: c.image.as_deref().unwrap_or_default(),
+                instances,
+                waiting: waiting.as_ref(),
+                ready,
+                started,
+                runtime_name: &runtime,
+            });
+            let state = st.state.clone().unwrap_or_default();
+            if state.running.is_some() {
+                counts.running += 1;
+            } else if let Some(term) = &state.terminated {
+                counts.stopped += 1;
+                if term.exit_code == 0 {
+                    counts.succeeded += 1;
+                }
+            } else if let Some(last) = st.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+                counts.stopped += 1;
+                if last.exit_code == 0 {
+                    counts.succeeded += 1;
+                }
+            } else {
+                counts.waiting += 1;
+            }
+            all_ready &= st.ready;
+            statuses.push(st);
+        }
+        let phase = if self.ended.is_some() {
+            "Failed"
+        } else {
+            status::phase(&policy, &counts)
+        };
+        let sandbox_ready = self.sandbox.is_some();
+        let initialized = !init_pending || self.init_failed;
+        let conditions = vec![
+            self.condition("PodReadyToStartContainers", sandbox_ready),
+            self.condition("Initialized", initialized),
+            self.condition("Ready", all_ready && phase == "Running"),
+            self.condition("ContainersReady", all_ready && phase == "Running"),
+            self.condition("PodScheduled", true),
+        ];
+        let mut conditions = conditions;
+        if let Some((reason, message)) = self.ended.clone()
+            && (reason == "Evicted" || reason == crate::agent::shutdown::REASON)
+            && self.admitted
+        {
+            // The kubelet marks pods it ends itself as disrupted.
+            let mut c = self.condition("DisruptionTarget", true);
+            c.reason = Some("TerminationByKubelet".into());
+            c.message = Some(message);
+            conditions.push(c);
+        }
+        let host_ip = self.ctx.node.internal_ip.clone();
+        let pod_ip = if self.host_network() {
+            host_ip.clone()
+        } else {
+            self.pod_ip.clone()
+        };
+        let mut pod = self.pod().clone();
+        pod.spec.get_or_insert_default().node_name = Some(self.ctx.node.name.clone());
+        pod.metadata.creation_timestamp = Some(self.start_time.clone());
+        pod.status = Some(PodStatus {
+            phase: Some(phase.to_string()),
+            conditions: Some(conditions),
+            container_statuses: Some(statuses),
+            init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+            host_ip: (!host_ip.is_empty()).then(|| host_ip.clone()),
+            host_ips: (!host_ip.is_empty()).then(|| {
+                vec![HostIP {
+                    ip: host_ip.clone(),
+                }]
+            }),
+            pod_ip: (!pod_ip.is_empty()).then(|| pod_ip.clone()),
+            pod_ips: (!pod_ip.is_empty()).then(|| vec![PodIP { ip: pod_ip.clone() }]),
+            qos_class: Some(crate::agent::resources::qos_class(&spec).to_string()),
+            start_time: Some(self.start_time.clone()),
+            message: match &self.ended {
+                Some((_, m)) => Some(m.clone()),
+                None => self.message.clone(),
+            },
+            reason: self.ended.as_ref().map(|(r, _)| r.clone()),
+            ..Default::default()
+        });
+        self.ctx
+            .pods
+            .insert(crate::agent::manifest::key_of(self.pod()), pod);
+    }
+}
