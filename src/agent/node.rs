@@ -203,6 +203,7 @@ impl NodeStatus {
     /// Lease written under the state dir: there is no API server to send it to).
     pub async fn heartbeat(self: Arc<Self>) {
         let period = self.lease / 4;
+        let mut failures = 0u32;
         loop {
             let lease = serde_json::json!({
                 "apiVersion": "coordination.k8s.io/v1",
@@ -216,14 +217,24 @@ impl NodeStatus {
             });
             let file = self.lease_file.clone();
             let bytes = serde_json::to_vec_pretty(&lease).unwrap_or_default();
-            match tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await {
-                Ok(Ok(())) => {
+            let written =
+                match tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+            match written {
+                Ok(()) => {
                     self.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    failures = 0;
+                    tokio::time::sleep(period).await;
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "renewing the node lease"),
-                Err(e) => tracing::warn!(error = %e, "renewing the node lease"),
+                Err(e) => {
+                    failures += 1;
+                    let retry = lease_retry_delay(failures);
+                    tracing::warn!(error = %e, retry_ms = retry.as_millis() as u64, "renewing the node lease failed");
+                    tokio::time::sleep(retry).await;
+                }
             }
-            tokio::time::sleep(period).await;
         }
     }
 
@@ -554,6 +565,13 @@ pub fn capacity_and_allocatable(
     (capacity, allocatable)
 }
 
+/// How long to wait before renewing the lease again after `failures` failures in a row: from
+/// 200 ms doubling to 7 s, as the kubelet's lease controller.
+fn lease_retry_delay(failures: u32) -> Duration {
+    let ms = 200u64.saturating_mul(1u64 << failures.saturating_sub(1).min(10));
+    Duration::from_millis(ms.min(7000))
+}
+
 /// The node without heartbeat times: what must change for a report.
 fn meaningful(node: &Node) -> String {
     let mut n = node.clone();
@@ -578,6 +596,13 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lease_retries_back_off_from_200_ms_to_7_s() {
+        let ms: Vec<u128> = (1..=7).map(|n| lease_retry_delay(n).as_millis()).collect();
+        assert_eq!(ms, [200, 400, 800, 1600, 3200, 6400, 7000]);
+        assert_eq!(lease_retry_delay(100).as_millis(), 7000);
+    }
 
     #[test]
     fn allocatable_is_capacity_minus_reserves_and_hard_eviction() {
