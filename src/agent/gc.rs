@@ -110,3 +110,40 @@ pub async fn reclaim_disk(ctx: &AgentContext) -> u64 {
         }
     }
 }
+
+/// Containers and id sets for the GC modules' unit tests.
+#[cfg(test)]
+pub(crate) mod test_fixtures {
+    use std::collections::HashSet;
+
+    use k8s_cri::v1 as cri;
+
+    /// One second in nanoseconds.
+    pub const SEC: i64 = 1_000_000_000;
+
+    /// A container `id` of `sandbox` named `name`, created `created_secs` after the epoch.
+    pub fn ctr(
+        id: &str,
+        sandbox: &str,
+        name: &str,
+        state: cri::ContainerState,
+        created_secs: i64,
+    ) -> cri::Container {
+        cri::Container {
+            id: id.into(),
+            pod_sandbox_id: sandbox.into(),
+            metadata: Some(cri::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            state: state as i32,
+            created_at: created_secs * SEC,
+            ..Default::default()
+        }
+    }
+
+    /// The ids as a set.
+    pub fn set(v: &[&str]) -> HashSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+}

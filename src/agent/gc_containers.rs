@@ -379,35 +379,10 @@ fn removed<T>(result: Result<T, tonic::Status>, kind: &str, id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SEC: i64 = 1_000_000_000;
-
-    fn ctr(
-        id: &str,
-        sandbox: &str,
-        name: &str,
-        state: cri::ContainerState,
-        created_secs: i64,
-    ) -> cri::Container {
-        cri::Container {
-            id: id.into(),
-            pod_sandbox_id: sandbox.into(),
-            metadata: Some(cri::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            state: state as i32,
-            created_at: created_secs * SEC,
-            ..Default::default()
-        }
-    }
+    use crate::agent::gc::test_fixtures::{SEC, ctr, set};
 
     fn ids(v: &[DeadContainer]) -> Vec<&str> {
         v.iter().map(|c| c.id.as_str()).collect()
-    }
-
-    fn set(v: &[&str]) -> HashSet<String> {
-        v.iter().map(|s| s.to_string()).collect()
     }
 
     fn sorted(mut v: Vec<String>) -> Vec<String> {
