@@ -264,7 +264,7 @@ pub(super) async fn remove_images(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::gc::test_fixtures::{SEC, ctr, set};
+    use crate::agent::gc::test_fixtures::{ctr, set};
 
     fn sorted(mut v: Vec<String>) -> Vec<String> {
         v.sort();
