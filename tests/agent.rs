@@ -393,7 +393,7 @@ async fn node_status_is_sane_and_reported_on_change_or_period() {
         assert!(c["lastHeartbeatTime"].is_string() && c["lastTransitionTime"].is_string());
         assert!(c["reason"].is_string(), "{c}");
     }
-    assert_eq!(st["daemonEndpoints"]["kubeletEndpoint"]["Port"], a.port);
+    assert_eq!(st["daemonEndpoints"]["kubeletEndpoint"]["Port"], a.port());
     assert!(
         st["addresses"]
             .as_array()

@@ -13,7 +13,7 @@ use serde_json::Value;
 fn berthctl(a: &Agent, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
         .arg("--agent-address")
-        .arg(format!("127.0.0.1:{}", a.port))
+        .arg(format!("127.0.0.1:{}", a.port()))
         .args(args)
         .output()
         .expect("run berthctl")
@@ -33,7 +33,7 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
     // so it lives until its share of the period (3 s) runs out and it is killed.
     start_regular_and_critical_pods(&a, "sleep 1");
 
-    let port = a.port;
+    let port = a.port();
     let shutdown = std::thread::spawn(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
             .arg("--agent-address")

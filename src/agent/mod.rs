@@ -104,6 +104,8 @@ pub async fn start(
     state_dir: &std::path::Path,
     root: &std::path::Path,
 ) -> Result<(), AgentError> {
+    // A stale address from the previous run must not be read as this run's.
+    let _ = std::fs::remove_file(state_dir.join("agent/endpoint"));
     let client = CriClient::connect(socket)
         .await
         .map_err(|e| AgentError::Connect {
@@ -159,9 +161,18 @@ pub async fn start(
             address: cfg.address.clone(),
             error,
         })?;
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    node_status.set_port(port);
-    tracing::info!(address = %cfg.address, manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
+    let local = listener.local_addr().ok();
+    node_status.set_port(local.map(|a| a.port()).unwrap_or_default());
+    // Where the endpoint really listens (with port 0 in the address, the kernel chose it).
+    if let Some(addr) = local {
+        let file = state_dir.join("agent/endpoint");
+        let written = std::fs::create_dir_all(state_dir.join("agent"))
+            .and_then(|()| std::fs::write(&file, format!("{addr}\n")));
+        if let Err(e) = written {
+            tracing::warn!(file = %file.display(), error = %e, "agent: writing the endpoint address");
+        }
+    }
+    tracing::info!(address = %local.map(|a| a.to_string()).unwrap_or_else(|| cfg.address.clone()), manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
     let shutdown_manager = shutdown::ShutdownManager::new(ctx.clone());
     tokio::spawn(server::serve(
         listener,

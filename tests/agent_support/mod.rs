@@ -16,7 +16,6 @@ pub struct Agent {
     pub logs: TempDir,
     /// Holds the config file (read again when the test restarts berthd).
     pub _conf: TempDir,
-    pub port: u16,
 }
 
 pub fn free_port() -> u16 {
@@ -48,7 +47,6 @@ impl Agent {
         let manifests = TempDir::new("manifests");
         let logs = TempDir::new("podlogs");
         let conf = TempDir::new("agentconf");
-        let port = free_port();
         let config = conf.path().join("config.toml");
         std::fs::write(
             &config,
@@ -67,7 +65,9 @@ impl Agent {
             "--manifest-dir".to_string(),
             manifests.path().display().to_string(),
             "--agent-address".to_string(),
-            format!("127.0.0.1:{port}"),
+            // Port 0: berthd picks a free port and writes it to <state>/agent/endpoint (a port
+            // chosen here could be taken by another test's server before berthd binds it).
+            "127.0.0.1:0".to_string(),
         ];
         let args: Vec<&str> = args.iter().chain(extra).map(String::as_str).collect();
         let daemon = Daemon::start_with(&args);
@@ -76,7 +76,6 @@ impl Agent {
             manifests,
             logs,
             _conf: conf,
-            port,
         };
         a.wait("the agent endpoint", Duration::from_secs(20), |a| {
             a.get("/healthz").0 == 200
@@ -84,10 +83,18 @@ impl Agent {
         a
     }
 
+    /// The agent endpoint's port in the running berthd (0 until it listens).
+    pub fn port(&self) -> u16 {
+        std::fs::read_to_string(self.daemon.state().join("agent/endpoint"))
+            .ok()
+            .and_then(|a| a.trim().parse::<std::net::SocketAddr>().ok())
+            .map_or(0, |a| a.port())
+    }
+
     /// GET `path` on the agent endpoint: status code and JSON body (Null when not JSON).
     pub fn get(&self, path: &str) -> (u16, Value) {
         use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port())) else {
             return (0, Value::Null);
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
