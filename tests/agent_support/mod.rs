@@ -128,9 +128,9 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!(
-            "timed out waiting for {what}\n/pods: {}\nberthd log tail:\n{}",
+            "timed out waiting for {what}\n/pods: {}\nberthd log (info and above, tail):\n{}",
             self.get("/pods").1,
-            tail(&self.daemon.log(), 60)
+            tail(&important_lines(&self.daemon.log()), 60)
         );
     }
 
@@ -197,6 +197,14 @@ impl Agent {
         }
         panic!("sandboxes left: {:?}", sandboxes(&c).await);
     }
+}
+
+/// The log without its DEBUG and TRACE lines (the CRI traffic would hide what went wrong).
+pub fn important_lines(log: &str) -> String {
+    log.lines()
+        .filter(|l| !l.contains(" DEBUG ") && !l.contains(" TRACE "))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub fn tail(s: &str, n: usize) -> String {
