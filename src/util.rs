@@ -21,8 +21,13 @@ pub fn random_hex(n: usize) -> String {
     hex::encode(buf)
 }
 
-/// Bytes on disk (st_blocks × 512) and inodes under `dir`, each inode counted once.
+/// Bytes on disk (st_blocks × 512) and inodes under `dir` (itself included), each inode counted
+/// once, without following symlinks or entering other filesystems mounted below it (a tmpfs
+/// emptyDir or a bind mount is not this filesystem's usage). A missing `dir` is (0, 0).
 pub fn disk_usage(dir: &Path) -> (u64, u64) {
+    let Ok(root) = std::fs::symlink_metadata(dir) else {
+        return (0, 0);
+    };
     let mut seen = HashSet::new();
     let mut bytes = 0u64;
     let mut stack = vec![dir.to_owned()];
@@ -30,6 +35,9 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
         let Ok(meta) = std::fs::symlink_metadata(&d) else {
             continue;
         };
+        if meta.dev() != root.dev() {
+            continue;
+        }
         if seen.insert((meta.dev(), meta.ino())) {
             bytes += meta.blocks() * 512;
         }
@@ -94,5 +102,25 @@ pub fn raise_nofile_limit() {
         if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
             tracing::warn!(error = %e, "cannot raise the open-file limit");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_usage_counts_the_tree_once() {
+        let dir = std::env::temp_dir().join(format!("berth-du-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a")).expect("dir");
+        std::fs::write(dir.join("a/f"), vec![1u8; 10_000]).expect("file");
+        std::fs::hard_link(dir.join("a/f"), dir.join("g")).expect("link");
+        let (bytes, inodes) = disk_usage(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        // dir, a, and f (g is f again).
+        assert_eq!(inodes, 3);
+        assert!((10_000..30_000).contains(&bytes), "{bytes}");
+        assert_eq!(disk_usage(Path::new("/nonexistent/berth")), (0, 0));
     }
 }

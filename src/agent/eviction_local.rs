@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::eviction_signals::{PodUsage, du};
+use super::eviction_signals::PodUsage;
 use super::resources::parse_quantity;
 
 /// A limit a pod broke, and the kubelet's message for it.
@@ -73,7 +73,7 @@ pub fn empty_dir_usage(pod: &Pod, pod_dir: &std::path::Path) -> HashMap<String, 
     disk_empty_dir_limits(pod)
         .into_iter()
         .map(|(name, _, _)| {
-            let bytes = du(&super::volumes::empty_dir_path(pod_dir, &name)).0;
+            let bytes = crate::util::disk_usage(&super::volumes::empty_dir_path(pod_dir, &name)).0;
             (name, bytes)
         })
         .collect()

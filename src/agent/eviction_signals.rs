@@ -350,7 +350,12 @@ pub async fn pod_usage(ctx: &AgentContext, pods: &[Pod]) -> HashMap<String, PodU
         dirs.into_iter()
             .map(|(uid, logs, dir)| {
                 let per_container = container_logs(&logs);
-                (uid, du(&logs), du(&dir), per_container)
+                (
+                    uid,
+                    crate::util::disk_usage(&logs),
+                    crate::util::disk_usage(&dir),
+                    per_container,
+                )
             })
             .collect::<Vec<_>>()
     })
@@ -419,38 +424,10 @@ fn container_logs(pod_logs: &Path) -> Vec<(String, u64)> {
         .map(|e| {
             (
                 e.file_name().to_string_lossy().into_owned(),
-                du(&e.path()).0,
+                crate::util::disk_usage(&e.path()).0,
             )
         })
         .collect()
-}
-
-/// Bytes (allocated blocks) and inodes under `dir`, staying on its filesystem (tmpfs emptyDirs
-/// and bind mounts below it are not disk usage of this filesystem) and not following symlinks.
-pub fn du(dir: &Path) -> (u64, u64) {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return (0, 0);
-    };
-    let dev = meta.dev();
-    let mut total = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.dev() != dev {
-                continue;
-            }
-            total.0 += m.blocks() * 512;
-            total.1 += 1;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
 }
 
 #[cfg(test)]
@@ -494,18 +471,5 @@ mod tests {
         assert!(o.signals[&Signal::NodeFsAvailable].capacity > 0);
         assert!(o.signals[&Signal::PidAvailable].available > 0);
         assert!(!o.signals.contains_key(&Signal::ImageFsAvailable));
-    }
-
-    #[test]
-    fn du_counts_files_and_dirs() {
-        let dir = std::env::temp_dir().join(format!("berth-du-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("a")).expect("dir");
-        std::fs::write(dir.join("a/f"), vec![1u8; 10_000]).expect("file");
-        let (bytes, inodes) = du(&dir);
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(inodes, 2);
-        assert!(bytes >= 10_000, "{bytes}");
-        assert_eq!(du(Path::new("/nonexistent/berth")), (0, 0));
     }
 }

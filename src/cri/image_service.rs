@@ -31,7 +31,7 @@ fn credentials(auth: Option<&cri::AuthConfig>) -> Result<Credentials, Status> {
         ));
     }
     if !auth.auth.is_empty() {
-        let decoded = base64_decode(auth.auth.trim())
+        let decoded = crate::stream::websocket::base64_decode(auth.auth.trim().as_bytes())
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or_else(|| {
                 Status::invalid_argument("auth config: `auth` is not base64 of user:password")
@@ -48,31 +48,6 @@ fn credentials(auth: Option<&cri::AuthConfig>) -> Result<Credentials, Status> {
         return Ok(Credentials::Bearer(auth.identity_token.clone()));
     }
     Ok(Credentials::Anonymous)
-}
-
-/// Standard base64 (with or without padding).
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let mut acc: u32 = 0;
-    let mut bits = 0;
-    for c in s.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => break,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
 }
 
 fn image_spec_ref(spec: Option<&cri::ImageSpec>, call: &str) -> Result<String, Status> {
