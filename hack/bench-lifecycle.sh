@@ -186,7 +186,8 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 mib() { echo "scale=2; $1 / 1024" | bc; }
 ratio() { if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
-wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; return 1; }
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
 
 # A pause image for containerd's sandboxes: busybox-static's sleep, built locally with
 # hack/imagebuild.py and pushed to the test registry. Berth needs none.
@@ -222,44 +223,13 @@ start_berthd() {
 }
 
 start_containerd() {
-  local d=$W/containerd restrict_oom=false
-  # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
-  (( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
-  mkdir -p "$d/certs.d/$REG"
-  [ "$NET" = pod ] && write_conflist containerd
-  cat >"$d/certs.d/$REG/hosts.toml" <<TOML
-server = "http://$REG"
-[host."http://$REG"]
-  capabilities = ["pull", "resolve"]
-TOML
-  cat >"$d/config.toml" <<TOML
-version = 2
-root = "$d/root"
-state = "$d/state"
-[grpc]
-  address = "$d/containerd.sock"
-[ttrpc]
-  address = "$d/containerd.sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE"
-  # Without CAP_SYS_RESOURCE (as in some VMs and containers) runc cannot set the sandbox's
-  # oom_score_adj of -998; this caps it at containerd's own.
-  restrict_oom_score_adj = $restrict_oom
-  # Pod network namespaces under $d/state rather than /run/netns.
-  netns_mounts_under_state_dir = true
-[plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = "$CNI_BIN"
-  conf_dir = "$d/net.d"
-  max_conf_num = 1
-[plugins."io.containerd.grpc.v1.cri".registry]
-  config_path = "$d/certs.d"
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  default_runtime_name = "runc"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-  Root = "$d/runc"
-TOML
+  local d=$W/containerd
+  if [ "$NET" = pod ]; then
+    write_conflist containerd
+    write_containerd_config "$d" "$PAUSE" "$CNI_BIN"
+  else
+    write_containerd_config "$d" "$PAUSE"
+  fi
   containerd --config "$d/config.toml" --log-level warn >"$d/log" 2>&1 &
   daemons+=("$!"); containerd_pid=$!
   wait_sock "$d/containerd.sock"

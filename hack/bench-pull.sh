@@ -28,7 +28,8 @@ trap cleanup EXIT
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 now_ms() { date +%s%3N; }
-wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; return 1; }
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 start_berthd() {
@@ -40,23 +41,7 @@ start_berthd() {
 
 start_containerd() {
   local d=$1
-  mkdir -p "$d/certs.d/$REG"
-  cat >"$d/certs.d/$REG/hosts.toml" <<TOML
-server = "http://$REG"
-[host."http://$REG"]
-  capabilities = ["pull", "resolve"]
-TOML
-  cat >"$d/config.toml" <<TOML
-version = 2
-root = "$d/root"
-state = "$d/state"
-[grpc]
-  address = "$d/containerd.sock"
-[ttrpc]
-  address = "$d/containerd.sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri".registry]
-  config_path = "$d/certs.d"
-TOML
+  write_containerd_config "$d"
   containerd --config "$d/config.toml" --log-level warn >"$d/log" 2>&1 &
   echo $!
 }

@@ -32,7 +32,8 @@ IMAGE=$REG/busybox:latest
 PAUSE=$REG/berth-bench-pause:latest
 W=$(mktemp -d /tmp/berth-bench-stream.XXXXXX)
 daemons=()
-wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; return 1; }
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
 ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 
 cleanup() {
@@ -83,35 +84,8 @@ start_berthd() {
 }
 
 start_containerd() {
-  local d=$W/containerd restrict_oom=false
-  (( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
-  mkdir -p "$d/certs.d/$REG"
-  cat >"$d/certs.d/$REG/hosts.toml" <<TOML
-server = "http://$REG"
-[host."http://$REG"]
-  capabilities = ["pull", "resolve"]
-TOML
-  cat >"$d/config.toml" <<TOML
-version = 2
-root = "$d/root"
-state = "$d/state"
-[grpc]
-  address = "$d/containerd.sock"
-[ttrpc]
-  address = "$d/containerd.sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE"
-  restrict_oom_score_adj = $restrict_oom
-  netns_mounts_under_state_dir = true
-[plugins."io.containerd.grpc.v1.cri".registry]
-  config_path = "$d/certs.d"
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  default_runtime_name = "runc"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-  Root = "$d/runc"
-TOML
+  local d=$W/containerd
+  write_containerd_config "$d" "$PAUSE"
   containerd --config "$d/config.toml" --log-level warn >"$d/log" 2>&1 &
   daemons+=("$!")
   wait_sock "$d/containerd.sock"

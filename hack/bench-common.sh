@@ -1,0 +1,55 @@
+# Shared by the hack/bench-*.sh scripts that compare Berth with containerd (source it; the
+# caller sets REG, the plain-HTTP test registry).
+
+# wait_sock PATH: waits up to 10 s for a daemon's socket.
+wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; return 1; }
+
+# write_containerd_config DIR [PAUSE_IMAGE [CNI_BIN_DIR]]: DIR/config.toml for a containerd whose
+# root, state, sockets and runc root are under DIR, pulling from $REG over plain HTTP (a
+# DIR/certs.d hosts.toml). Without PAUSE_IMAGE only image settings are written (pull benchmarks);
+# with it the CRI runtime settings too, and with CNI_BIN_DIR its CNI plugin reads DIR/net.d.
+write_containerd_config() {
+  local d=$1 pause=${2:-} cni_bin=${3:-} restrict_oom=false
+  mkdir -p "$d/certs.d/$REG"
+  cat >"$d/certs.d/$REG/hosts.toml" <<TOML
+server = "http://$REG"
+[host."http://$REG"]
+  capabilities = ["pull", "resolve"]
+TOML
+  cat >"$d/config.toml" <<TOML
+version = 2
+root = "$d/root"
+state = "$d/state"
+[grpc]
+  address = "$d/containerd.sock"
+[ttrpc]
+  address = "$d/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "$d/certs.d"
+TOML
+  [ -n "$pause" ] || return 0
+  # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
+  (( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
+  cat >>"$d/config.toml" <<TOML
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$pause"
+  # Without CAP_SYS_RESOURCE (as in some VMs and containers) runc cannot set the sandbox's
+  # oom_score_adj of -998; this caps it at containerd's own.
+  restrict_oom_score_adj = $restrict_oom
+  # Pod network namespaces under $d/state rather than /run/netns.
+  netns_mounts_under_state_dir = true
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  Root = "$d/runc"
+TOML
+  [ -n "$cni_bin" ] || return 0
+  cat >>"$d/config.toml" <<TOML
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "$cni_bin"
+  conf_dir = "$d/net.d"
+  max_conf_num = 1
+TOML
+}
