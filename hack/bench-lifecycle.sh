@@ -216,7 +216,7 @@ start_berthd() {
     level+=,berth::net=info # for the per-ADD timing
   fi
   "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
-    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" "${net[@]}" \
+    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" "${net[@]}" --no-agent \
     --log-level "$level" >"$d/log" 2>&1 &
   daemons+=("$!"); berthd_pid=$!
   wait_sock "$d/berth.sock"

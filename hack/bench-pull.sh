@@ -35,7 +35,7 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 start_berthd() {
   local d=$1
   "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
-    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" --log-level warn >"$d/log" 2>&1 &
+    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" --no-agent --log-level warn >"$d/log" 2>&1 &
   echo $!
 }
 
