@@ -328,12 +328,7 @@ async fn berthd_restart_adopts_running_pods() {
     let before_sb: Vec<String> = sandboxes(&c).await.into_iter().map(|s| s.id).collect();
     let before_c: Vec<String> = containers(&c).await.into_iter().map(|s| s.id).collect();
     a.daemon.kill9();
-    a.daemon.spawn();
-    a.wait(
-        "the agent endpoint after restart",
-        Duration::from_secs(20),
-        |a| a.get("/healthz").0 == 200,
-    );
+    a.respawn();
     let p = a.wait_pod("default", "keep", "keep running after restart", |p| {
         running(p, "main")
     });
@@ -756,12 +751,7 @@ async fn manifest_removed_while_berthd_was_down_removes_the_pod() {
     a.wait_pod("default", "stays", "stays running", |p| running(p, "main"));
     a.daemon.stop();
     std::fs::remove_file(a.manifest("gone.yaml")).expect("remove manifest");
-    a.daemon.spawn();
-    a.wait(
-        "the agent endpoint after restart",
-        Duration::from_secs(20),
-        |a| a.get("/healthz").0 == 200,
-    );
+    a.respawn();
     let c = a.daemon.client().await;
     let mut names = Vec::new();
     for _ in 0..200 {

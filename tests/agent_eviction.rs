@@ -102,13 +102,9 @@ const PERIODS: &str = "eviction_monitoring_period_secs = 1.0\n\
                        system_reserved = { memory = \"1Gi\" }\n\
                        kube_reserved = { cpu = \"500m\" }\n";
 
-/// nodefs is the pods' log directory on a 64 MiB tmpfs (the pods dir is on the big disk: the
-/// smaller filesystem counts). Filling it crosses `nodefs.available < 20Mi`: DiskPressure, the
-/// BestEffort pod evicted first (it uses more than its request of 0), the Burstable one (within
-/// its 1Gi request) a period later; freed, the condition goes after the transition period.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
-    let fs = Tmpfs::mount(64);
+/// An agent whose pod log directory (so its nodefs: the smaller filesystem counts) is `fs`,
+/// set through a `--config-dir` drop-in (kept alive by the returned TempDir).
+fn agent_on_small_nodefs(fs: &Tmpfs, agent_toml: &str) -> (Agent, TempDir) {
     let dropins = TempDir::new("evictconf");
     std::fs::write(
         dropins.path().join("50-nodefs.toml"),
@@ -117,6 +113,20 @@ async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
     .expect("drop-in");
     let a = Agent::start_with_config(
         &["--config-dir".into(), dropins.path().display().to_string()],
+        agent_toml,
+    );
+    (a, dropins)
+}
+
+/// nodefs is the pods' log directory on a 64 MiB tmpfs (the pods dir is on the big disk: the
+/// smaller filesystem counts). Filling it crosses `nodefs.available < 20Mi`: DiskPressure, the
+/// BestEffort pod evicted first (it uses more than its request of 0), the Burstable one (within
+/// its 1Gi request) a period later; freed, the condition goes after the transition period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
+    let fs = Tmpfs::mount(64);
+    let (a, _dropins) = agent_on_small_nodefs(
+        &fs,
         &format!("{PERIODS}eviction_hard = {{ \"nodefs.available\" = \"20Mi\" }}\n"),
     );
     a.write(
@@ -222,14 +232,8 @@ async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_threshold_evicts_only_after_its_grace_period() {
     let fs = Tmpfs::mount(64);
-    let dropins = TempDir::new("evictconf");
-    std::fs::write(
-        dropins.path().join("50-nodefs.toml"),
-        format!("[agent]\npod_log_dir = {:?}\n", fs.path()),
-    )
-    .expect("drop-in");
-    let a = Agent::start_with_config(
-        &["--config-dir".into(), dropins.path().display().to_string()],
+    let (a, _dropins) = agent_on_small_nodefs(
+        &fs,
         &format!(
             "{PERIODS}eviction_hard = {{}}\n\
              eviction_soft = {{ \"nodefs.available\" = \"20Mi\" }}\n\

@@ -174,12 +174,7 @@ async fn shutdown_off_by_default_and_sigterm_leaves_pods_running() {
     let before: Vec<String> = common_running(&c).await;
     assert_eq!(before.len(), 1);
     a.daemon.stop();
-    a.daemon.spawn();
-    a.wait(
-        "the agent endpoint after restart",
-        Duration::from_secs(20),
-        |a| a.get("/healthz").0 == 200,
-    );
+    a.respawn();
     let p = a.wait_pod("default", "keep", "keep running after restart", |p| {
         running(p, "main")
     });

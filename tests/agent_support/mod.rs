@@ -77,10 +77,21 @@ impl Agent {
             logs,
             _conf: conf,
         };
-        a.wait("the agent endpoint", Duration::from_secs(20), |a| {
+        a.wait_endpoint();
+        a
+    }
+
+    /// Waits until the agent endpoint answers.
+    pub fn wait_endpoint(&self) {
+        self.wait("the agent endpoint", Duration::from_secs(20), |a| {
             a.get("/healthz").0 == 200
         });
-        a
+    }
+
+    /// Starts berthd again (after `daemon.stop()` or `daemon.kill9()`) and waits for its agent.
+    pub fn respawn(&mut self) {
+        self.daemon.spawn();
+        self.wait_endpoint();
     }
 
     /// The agent endpoint's port in the running berthd (0 until it listens).
