@@ -24,7 +24,7 @@ pub fn spawn(manager: Arc<ShutdownManager>, grace: Duration, rt: tokio::runtime:
             let address = system_bus_address();
             let mut connected_once = false;
             loop {
-                match watch(&address, &manager, grace, &rt) {
+                match watch(&address, &manager, grace, &rt, &mut connected_once) {
                     Ok(()) => return,
                     Err(e) if !connected_once => {
                         tracing::info!(bus = %address, error = %e, "graceful node shutdown: systemd-logind is not reachable; only `berthctl node shutdown` starts it");
@@ -34,7 +34,6 @@ pub fn spawn(manager: Arc<ShutdownManager>, grace: Duration, rt: tokio::runtime:
                         tracing::warn!(bus = %address, error = %e, "graceful node shutdown: lost systemd-logind; reconnecting");
                     }
                 }
-                connected_once = true;
                 std::thread::sleep(RECONNECT);
             }
         });
@@ -84,14 +83,17 @@ fn inhibit_delay_max(c: &mut Connection) -> Option<u64> {
     }
 }
 
-/// One connection's life: Ok when the node shut down (nothing more to watch).
+/// One connection's life: Ok when the node shut down (nothing more to watch). `connected` turns
+/// true once the bus answered, so that losing it later means reconnecting, not giving up.
 fn watch(
     address: &str,
     manager: &ShutdownManager,
     grace: Duration,
     rt: &tokio::runtime::Handle,
+    connected: &mut bool,
 ) -> Result<(), DbusError> {
     let mut c = Connection::open(address)?;
+    *connected = true;
     c.call(
         "org.freedesktop.DBus",
         "/org/freedesktop/DBus",
