@@ -103,7 +103,19 @@ async fn shutdown(endpoint: &Endpoint, from_loopback: bool) -> Response<Full<Byt
             "node shutdown is only accepted from this machine (loopback)".into(),
         );
     }
-    match endpoint.shutdown.shutdown().await {
+    // Its own task: a client that hangs up must not cancel a shutdown half-way through.
+    let manager = endpoint.shutdown.clone();
+    let outcome = match tokio::spawn(async move { manager.shutdown().await }).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                format!("node shutdown task failed: {e}"),
+            );
+        }
+    };
+    match outcome {
         Ok(report) => json(StatusCode::OK, &report),
         Err(e @ ShutdownError::Disabled) => {
             error(StatusCode::PRECONDITION_FAILED, "Disabled", e.to_string())
