@@ -4,7 +4,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
 use super::downward::{self, NodeAllocatable};
-use super::{labels, resources};
+use super::{labels, resources, terminate};
 
 /// What a container config needs beyond the pod and the container.
 pub struct ContainerContext<'a> {
@@ -74,6 +74,7 @@ pub fn container_config(
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(resources::linux_resources(
                 c,
+                terminate::is_critical(pod),
                 ctx.qos,
                 ctx.memory_capacity,
                 ctx.swap,
@@ -283,6 +284,7 @@ mod tests {
                 behavior: resources::SwapBehavior::NoSwap,
                 swap_capacity: 0,
                 controller: true,
+                cgroup_v2: false,
             },
         };
         let cfg = container_config(&pod, c, 3, &ctx).expect("config");

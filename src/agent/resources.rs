@@ -144,6 +144,8 @@ pub struct NodeSwap {
     pub swap_capacity: u64,
     /// Whether the memory cgroup can limit swap (v1 `memory.memsw.*`, v2 `memory.swap.max`).
     pub controller: bool,
+    /// Whether the node runs the unified cgroup v2 hierarchy only.
+    pub cgroup_v2: bool,
 }
 
 /// The node's swap facts with the configured behaviour (read once, at agent start).
@@ -160,6 +162,7 @@ fn node_swap_facts(behavior: SwapBehavior) -> NodeSwap {
         behavior,
         swap_capacity,
         controller: swap_controller_available(),
+        cgroup_v2: cgroup_v2_unified(),
     }
 }
 
@@ -172,10 +175,15 @@ pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
     })
 }
 
+/// Whether `/sys/fs/cgroup` is the unified cgroup v2 hierarchy (not v1 or hybrid).
+fn cgroup_v2_unified() -> bool {
+    std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
 /// Whether the memory cgroup of this node limits swap, as the kubelet checks it.
 fn swap_controller_available() -> bool {
     let root = std::path::Path::new("/sys/fs/cgroup");
-    if root.join("cgroup.controllers").exists() {
+    if cgroup_v2_unified() {
         // cgroup v2: the root has no memory.swap.max; look at our own cgroup.
         std::fs::read_to_string("/proc/self/cgroup")
             .ok()
@@ -194,43 +202,89 @@ pub fn unified_cgroup(proc_self_cgroup: &str) -> Option<String> {
         .map(|p| p.trim().trim_start_matches('/').to_string())
 }
 
-/// Swap (bytes) a container may use beyond its memory: with `LimitedSwap` only Burstable
-/// containers that request less memory than their limit get `request / capacity × swap`.
-pub fn swap_allowance(
+/// The cgroup v2 file that bounds a container's swap (its value: bytes of swap, not memory+swap).
+pub const SWAP_MAX_FILE: &str = "memory.swap.max";
+
+/// What one container gets under the node's swap behaviour, as the kubelet decides it:
+/// `LimitedSwap` only on cgroup v2 (v1 cannot bound swap apart from memory), never for a
+/// critical pod, and only for Burstable containers that ask for memory and request less than
+/// their limit; `NoSwap` for everything else.
+pub fn container_swap_behavior(
+    swap: &NodeSwap,
+    critical: bool,
     qos: &str,
     memory_request: Option<f64>,
     memory_limit: Option<f64>,
-    memory_capacity: f64,
-    swap: &NodeSwap,
-) -> i64 {
-    let request = memory_request.unwrap_or(0.0);
+) -> SwapBehavior {
+    let asks_for_memory =
+        memory_request.is_some_and(|r| r > 0.0) || memory_limit.is_some_and(|l| l > 0.0);
+    let request_is_limit = memory_request.unwrap_or(0.0) == memory_limit.unwrap_or(0.0);
     if swap.behavior != SwapBehavior::LimitedSwap
+        || !swap.controller
+        || !swap.cgroup_v2
+        || critical
         || qos != "Burstable"
-        || request <= 0.0
-        || memory_limit == Some(request)
-        || memory_capacity <= 0.0
+        || !asks_for_memory
+        || request_is_limit
     {
-        return 0;
+        return SwapBehavior::NoSwap;
     }
-    (request / memory_capacity * swap.swap_capacity as f64) as i64
+    SwapBehavior::LimitedSwap
 }
 
-/// CRI `memory_swap_limit_in_bytes` (memory plus swap, runc semantics; 0: unset) of a
-/// container: its memory limit plus its swap allowance; unset without a memory limit (memory
-/// plus swap cannot be bounded then) or when the cgroup cannot limit swap.
-pub fn memory_swap_limit(c: &Container, qos: &str, memory_capacity: f64, swap: &NodeSwap) -> i64 {
-    let a = amounts(c);
-    let limit = a.memory_limit.map(|m| m as i64).unwrap_or(0);
-    if limit <= 0 || !swap.controller {
-        return 0;
+/// Swap (bytes) a `LimitedSwap` container may use: `request / capacity × node swap`; `None`
+/// when the request exceeds the node's memory or the capacity is unknown (no swap then).
+pub fn swap_allowance(
+    memory_request: f64,
+    memory_capacity: f64,
+    swap_capacity: u64,
+) -> Option<i64> {
+    if memory_capacity <= 0.0 || memory_request > memory_capacity {
+        return None;
     }
-    limit + swap_allowance(qos, a.memory_request, a.memory_limit, memory_capacity, swap)
+    Some((memory_request.max(0.0) / memory_capacity * swap_capacity as f64) as i64)
+}
+
+/// Sets the swap fields of `r` (whose memory limit is already set) for container `c`: nothing
+/// where the memory cgroup cannot limit swap; with `NoSwap`, memory+swap at the memory limit
+/// on cgroup v1 (unset without a limit: there is nothing to bound it by) and
+/// `memory.swap.max = 0` on v2; with `LimitedSwap` (v2 only), `memory.swap.max` = the
+/// container's share of the node's swap.
+pub fn apply_swap(
+    r: &mut cri::LinuxContainerResources,
+    c: &Container,
+    critical: bool,
+    qos: &str,
+    memory_capacity: f64,
+    swap: &NodeSwap,
+) {
+    if !swap.controller {
+        return;
+    }
+    let a = amounts(c);
+    let behavior = container_swap_behavior(swap, critical, qos, a.memory_request, a.memory_limit);
+    let swap_bytes = match behavior {
+        SwapBehavior::LimitedSwap => swap_allowance(
+            a.memory_request.unwrap_or(0.0),
+            memory_capacity,
+            swap.swap_capacity,
+        )
+        .unwrap_or(0),
+        SwapBehavior::NoSwap => 0,
+    };
+    if swap.cgroup_v2 {
+        r.unified
+            .insert(SWAP_MAX_FILE.to_string(), swap_bytes.to_string());
+    } else if r.memory_limit_in_bytes > 0 {
+        r.memory_swap_limit_in_bytes = r.memory_limit_in_bytes;
+    }
 }
 
 /// CRI resources of a container: CPU shares/quota from requests/limits, memory and swap
 /// limits, OOM score.
 pub fn linux_resources(
     c: &Container,
+    critical: bool,
     qos: &str,
     memory_capacity: f64,
     swap: &NodeSwap,
@@ -245,15 +299,16 @@ pub fn linux_resources(
         .cpu_limit
         .map(|cpu| ((cpu * period as f64) as i64).max(1000))
         .unwrap_or(0);
-    cri::LinuxContainerResources {
+    let mut r = cri::LinuxContainerResources {
         cpu_period: if quota > 0 { period } else { 0 },
         cpu_quota: quota,
         cpu_shares: shares,
         memory_limit_in_bytes: a.memory_limit.map(|m| m as i64).unwrap_or(0),
-        memory_swap_limit_in_bytes: memory_swap_limit(c, qos, memory_capacity, swap),
         oom_score_adj: oom_score_adj(qos, a.memory_request, memory_capacity),
         ..Default::default()
-    }
+    };
+    apply_swap(&mut r, c, critical, qos, memory_capacity, swap);
+    r
 }
 
 #[cfg(test)]
@@ -303,87 +358,131 @@ mod tests {
 
     const GI: i64 = 1 << 30;
 
-    fn node(behavior: SwapBehavior) -> NodeSwap {
+    fn node(behavior: SwapBehavior, cgroup_v2: bool) -> NodeSwap {
         NodeSwap {
             behavior,
             swap_capacity: 4 << 30,
             controller: true,
+            cgroup_v2,
         }
     }
 
-    /// memory_swap_limit_in_bytes of a container alone in its pod, on a 16 GiB node.
-    fn swap_limit(resources: serde_json::Value, swap: &NodeSwap) -> (&'static str, i64) {
+    /// The swap settings of a container alone in its pod, on a 16 GiB node: its QoS class,
+    /// `memory_swap_limit_in_bytes` and the v2 `memory.swap.max` it asks for.
+    fn swap_of(
+        resources: serde_json::Value,
+        critical: bool,
+        swap: &NodeSwap,
+    ) -> (&'static str, i64, Option<String>) {
         let c = container(resources);
         let spec = PodSpec {
             containers: vec![c.clone()],
             ..Default::default()
         };
         let qos = qos_class(&spec);
+        let r = linux_resources(&c, critical, qos, (16 * GI) as f64, swap);
         (
             qos,
-            linux_resources(&c, qos, (16 * GI) as f64, swap).memory_swap_limit_in_bytes,
+            r.memory_swap_limit_in_bytes,
+            r.unified.get(SWAP_MAX_FILE).cloned(),
         )
     }
 
-    #[test]
-    fn no_swap_caps_memory_plus_swap_at_the_memory_limit() {
-        let no = node(SwapBehavior::NoSwap);
-        let guaranteed = serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}});
-        let burstable =
-            serde_json::json!({"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}});
-        assert_eq!(swap_limit(guaranteed, &no), ("Guaranteed", GI));
-        assert_eq!(swap_limit(burstable, &no), ("Burstable", 2 * GI));
-        // Without a memory limit there is nothing to cap (and BestEffort has none).
-        assert_eq!(swap_limit(serde_json::json!({}), &no), ("BestEffort", 0));
-        let request_only = serde_json::json!({"requests": {"memory": "1Gi"}});
-        assert_eq!(swap_limit(request_only, &no), ("Burstable", 0));
+    fn guaranteed() -> serde_json::Value {
+        serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}})
+    }
+
+    /// 2 GiB of the node's 16 requested, 3 GiB limit.
+    fn burstable() -> serde_json::Value {
+        serde_json::json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "3Gi"}})
     }
 
     #[test]
-    fn limited_swap_gives_burstable_containers_their_share_of_swap() {
-        let limited = node(SwapBehavior::LimitedSwap);
-        // 2 GiB of 16 GiB requested: 1/8 of 4 GiB swap on top of the 3 GiB limit.
-        let burstable =
-            serde_json::json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "3Gi"}});
+    fn no_swap_on_v1_caps_memory_plus_swap_at_the_memory_limit() {
+        let no = node(SwapBehavior::NoSwap, false);
+        assert_eq!(swap_of(guaranteed(), false, &no), ("Guaranteed", GI, None));
         assert_eq!(
-            swap_limit(burstable.clone(), &limited),
-            ("Burstable", 3 * GI + GI / 2)
+            swap_of(burstable(), false, &no),
+            ("Burstable", 3 * GI, None)
         );
-        let guaranteed = serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}});
-        assert_eq!(swap_limit(guaranteed, &limited), ("Guaranteed", GI));
+        // Without a memory limit there is nothing to cap memory+swap by (BestEffort has none).
         assert_eq!(
-            swap_limit(serde_json::json!({}), &limited),
-            ("BestEffort", 0)
+            swap_of(serde_json::json!({}), false, &no),
+            ("BestEffort", 0, None)
         );
-        // A memory request defaulting to the limit: nothing to swap.
+        let request_only = serde_json::json!({"requests": {"memory": "1Gi"}});
+        assert_eq!(swap_of(request_only, false, &no), ("Burstable", 0, None));
+    }
+
+    #[test]
+    fn no_swap_on_v2_sets_swap_max_to_zero_for_every_container() {
+        let no = node(SwapBehavior::NoSwap, true);
+        let zero = Some("0".to_string());
+        assert_eq!(
+            swap_of(guaranteed(), false, &no),
+            ("Guaranteed", 0, zero.clone())
+        );
+        assert_eq!(
+            swap_of(burstable(), false, &no),
+            ("Burstable", 0, zero.clone())
+        );
+        assert_eq!(
+            swap_of(serde_json::json!({}), false, &no),
+            ("BestEffort", 0, zero)
+        );
+    }
+
+    #[test]
+    fn limited_swap_gives_burstable_containers_their_share_on_v2_only() {
+        let limited = node(SwapBehavior::LimitedSwap, true);
+        // 2 GiB of 16: an eighth of the node's 4 GiB of swap.
+        let share = Some((GI / 2).to_string());
+        assert_eq!(
+            swap_of(burstable(), false, &limited),
+            ("Burstable", 0, share)
+        );
+        let zero = Some("0".to_string());
+        assert_eq!(swap_of(guaranteed(), false, &limited).2, zero);
+        assert_eq!(swap_of(serde_json::json!({}), false, &limited).2, zero);
+        // Critical pods never swap.
+        assert_eq!(swap_of(burstable(), true, &limited).2, zero);
+        // A memory request equal to the limit (or defaulted to it): nothing to swap.
         let cpu_only = serde_json::json!({"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}});
-        assert_eq!(swap_limit(cpu_only, &limited).1, GI);
+        assert_eq!(swap_of(cpu_only, false, &limited).2, zero);
+        // A request above the node's memory: no swap rather than more than the node has.
+        let huge =
+            serde_json::json!({"requests": {"memory": "32Gi"}, "limits": {"memory": "64Gi"}});
+        assert_eq!(swap_of(huge, false, &limited).2, zero);
+
+        // cgroup v1 cannot bound swap apart from memory: LimitedSwap falls back to NoSwap.
+        let v1 = node(SwapBehavior::LimitedSwap, false);
+        assert_eq!(
+            swap_of(burstable(), false, &v1),
+            ("Burstable", 3 * GI, None)
+        );
+
         // A cgroup that cannot limit swap gets no swap setting at all.
         let no_controller = NodeSwap {
             controller: false,
             ..limited
         };
-        assert_eq!(swap_limit(burstable, &no_controller).1, 0);
         assert_eq!(
-            swap_allowance(
-                "Burstable",
-                Some(GI as f64),
-                None,
-                (16 * GI) as f64,
-                &limited
-            ),
-            GI / 4
+            swap_of(burstable(), false, &no_controller),
+            ("Burstable", 0, None)
         );
         assert_eq!(
-            swap_allowance(
-                "Burstable",
-                Some(GI as f64),
-                None,
-                (16 * GI) as f64,
-                &node(SwapBehavior::NoSwap)
-            ),
-            0
+            container_swap_behavior(&no_controller, false, "Burstable", Some(1.0), Some(2.0)),
+            SwapBehavior::NoSwap
         );
+        assert_eq!(
+            container_swap_behavior(&limited, false, "Burstable", Some(1.0), None),
+            SwapBehavior::LimitedSwap
+        );
+        assert_eq!(
+            swap_allowance(GI as f64, (16 * GI) as f64, 4 << 30),
+            Some(GI / 4)
+        );
+        assert_eq!(swap_allowance(GI as f64, 0.0, 4 << 30), None);
     }
 
     #[test]

@@ -156,8 +156,9 @@ impl Pressure {
 /// The priority from which pods are critical (the `system-cluster-critical` class's).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
-/// Whether a pod is critical (system-node-critical / system-cluster-critical priority, or a
-/// static pod marked critical), as the kubelet's `IsCriticalPod`.
+/// Whether a pod is critical: the system-node-critical / system-cluster-critical class or a
+/// priority at least theirs. The kubelet's `IsCriticalPod` also counts every static pod, which
+/// here would be every pod (all come from files) and leave nothing to evict.
 pub fn is_critical(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     const SYSTEM_CRITICAL: i32 = SYSTEM_CRITICAL_PRIORITY;
     let spec = pod.spec.as_ref();
