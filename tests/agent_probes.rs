@@ -1,4 +1,4 @@
-//! The agent's gRPC and HTTPS probes against servers run by the test itself (host-network pods
+//! The agent's gRPC and HTTP(S) probes against servers run by the test itself (host-network pods
 //! are probed on 127.0.0.1).
 
 mod agent_support;
@@ -173,17 +173,34 @@ fn self_signed(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     (cert, key)
 }
 
-/// An HTTPS server answering every request with the current `code`, keeping each request head.
-struct HttpsServer {
+/// An HTTP or HTTPS server for probes: a path with a route answers its (status, Location),
+/// any other the current `code`; each request head is kept.
+struct ProbeServer {
     port: u16,
     code: Arc<AtomicU16>,
+    routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
     requests: Arc<Mutex<Vec<String>>>,
 }
 
-async fn serve_https(dir: &TempDir) -> HttpsServer {
+impl ProbeServer {
+    /// `path` answers `status` with `Location: location`.
+    fn route(&self, path: &str, status: u16, location: &str) {
+        self.routes
+            .lock()
+            .expect("lock")
+            .insert(path.to_string(), (status, location.to_string()));
+    }
+
+    fn saw(&self, request_line: &str) -> bool {
+        let requests = self.requests.lock().expect("lock");
+        requests.iter().any(|r| r.starts_with(request_line))
+    }
+}
+
+/// TLS with a fresh self-signed certificate (made in `dir`).
+fn tls_acceptor(dir: &TempDir) -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let (cert, key) = self_signed(dir);
     let certs = vec![CertificateDer::from_pem_file(&cert).expect("cert")];
@@ -196,51 +213,82 @@ async fn serve_https(dir: &TempDir) -> HttpsServer {
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// Serves probes on 127.0.0.1, over TLS when `tls` is given.
+async fn serve_probes(tls: Option<tokio_rustls::TlsAcceptor>) -> ProbeServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let server = HttpsServer {
+    let server = ProbeServer {
         port: listener.local_addr().expect("addr").port(),
         code: Arc::new(AtomicU16::new(200)),
+        routes: Default::default(),
         requests: Default::default(),
     };
-    let (code, requests) = (server.code.clone(), server.requests.clone());
+    let (code, routes, requests) = (
+        server.code.clone(),
+        server.routes.clone(),
+        server.requests.clone(),
+    );
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, code, requests) = (acceptor.clone(), code.clone(), requests.clone());
+            let (tls, code, routes, requests) =
+                (tls.clone(), code.clone(), routes.clone(), requests.clone());
             tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut head = Vec::new();
-                let mut chunk = [0u8; 512];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                match tls {
+                    Some(acceptor) => {
+                        if let Ok(s) = acceptor.accept(tcp).await {
+                            answer(s, &code, &routes, &requests).await;
+                        }
                     }
+                    None => answer(tcp, &code, &routes, &requests).await,
                 }
-                requests
-                    .lock()
-                    .expect("lock")
-                    .push(String::from_utf8_lossy(&head).into_owned());
-                let status = code.load(Ordering::SeqCst);
-                let answer = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                );
-                let _ = tls.write_all(answer.as_bytes()).await;
-                let _ = tls.shutdown().await;
             });
         }
     });
     server
 }
 
+/// Reads one request head from `s`, keeps it and answers it.
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    code: &AtomicU16,
+    routes: &Mutex<HashMap<String, (u16, String)>>,
+    requests: &Mutex<Vec<String>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+    requests.lock().expect("lock").push(head);
+    let route = routes.lock().expect("lock").get(&path).cloned();
+    let answer = match route {
+        Some((status, location)) => format!(
+            "HTTP/1.1 {status} X\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+        None => format!(
+            "HTTP/1.1 {} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            code.load(Ordering::SeqCst)
+        ),
+    };
+    let _ = s.write_all(answer.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_readiness_skips_certificate_checks_and_follows_the_status() {
     let certs = TempDir::new("probe-tls");
-    let server = serve_https(&certs).await;
+    let server = serve_probes(Some(tls_acceptor(&certs))).await;
     let a = Agent::start();
     let port = server.port;
     let probe = format!(
@@ -276,5 +324,53 @@ async fn https_readiness_skips_certificate_checks_and_follows_the_status() {
     a.wait_pod("default", "tls", "ready again on a redirect status", |p| {
         container(p, "main")["ready"] == true
     });
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_probes_follow_redirects_on_the_same_host_only() {
+    let server = serve_probes(None).await;
+    server.route("/start", 302, "/healthz");
+    let a = Agent::start();
+    let port = server.port;
+    let probe = format!(
+        "    readinessProbe:\n      httpGet:\n        path: /start\n        port: {port}\n      periodSeconds: 1\n      failureThreshold: 1\n"
+    );
+    a.write(
+        "redirect.yaml",
+        &pod_yaml("redirect", "sleep 3600", "", &probe),
+    );
+    a.wait_pod("default", "redirect", "ready through a redirect", |p| {
+        container(p, "main")["ready"] == true
+    });
+    assert!(
+        server.saw("GET /healthz HTTP/1.1"),
+        "the redirect was followed"
+    );
+
+    // The redirect's target decides: a 500 there is a failure, not the 302's success.
+    server.code.store(500, Ordering::SeqCst);
+    a.wait_pod("default", "redirect", "not ready: the target fails", |p| {
+        container(p, "main")["ready"] == false
+    });
+
+    // A redirect to another host is not followed and counts as success, as in the kubelet.
+    server.route("/start", 302, "http://probe-elsewhere.invalid/healthz");
+    a.wait_pod(
+        "default",
+        "redirect",
+        "ready: another host ends the probe",
+        |p| container(p, "main")["ready"] == true,
+    );
+
+    // A loop ends after 10 redirects, as a failure.
+    server.route("/start", 307, "/start");
+    a.wait_pod("default", "redirect", "not ready: redirect loop", |p| {
+        container(p, "main")["ready"] == false
+    });
+    assert!(
+        a.daemon.log().contains("stopped after 10 redirects"),
+        "the loop is named in the log"
+    );
     a.finish().await;
 }

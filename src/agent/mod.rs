@@ -22,6 +22,7 @@ pub mod manifest;
 pub mod node;
 pub mod probe;
 pub mod probe_grpc;
+pub mod probe_http;
 pub mod registry;
 pub mod relist;
 pub mod resources;

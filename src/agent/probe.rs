@@ -1,17 +1,11 @@
-//! Container probes (startup, liveness, readiness): exec, tcpSocket, httpGet (HTTP and HTTPS)
+//! Container probes (startup, liveness, readiness): exec, tcpSocket, httpGet (`probe_http`)
 //! and gRPC, each in its own task with the probe's delay, period, timeout and thresholds.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::client::CriClient;
@@ -192,33 +186,9 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
         return Ok(());
     }
     if let Some(http) = &probe.http_get {
-        let scheme = Scheme::parse(http.scheme.as_deref())?;
         let port = resolve_port(&http.port, &t.container)?;
         let host = target_host(http.host.as_ref(), t)?;
-        let path = http.path.clone().unwrap_or_else(|| "/".into());
-        let headers: Vec<(String, String)> = http
-            .http_headers
-            .iter()
-            .flatten()
-            .map(|h| (h.name.clone(), h.value.clone()))
-            .collect();
-        let code = tokio::time::timeout(timeout, http_get(scheme, &host, port, &path, &headers))
-            .await
-            .map_err(|_| {
-                let url = format!(
-                    "{}://{}{path}",
-                    scheme.as_str(),
-                    super::probe_grpc::authority(&host, port)
-                );
-                format!(
-                    "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-                )
-            })??;
-        return if (200..400).contains(&code) {
-            Ok(())
-        } else {
-            Err(format!("HTTP probe failed with statuscode: {code}"))
-        };
+        return super::probe_http::check(http, &host, port, timeout).await;
     }
     if let Some(grpc) = &probe.grpc {
         let port = u16::try_from(grpc.port).map_err(|_| format!("invalid port {}", grpc.port))?;
@@ -253,189 +223,5 @@ fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, String> {
                 .and_then(|cp| u16::try_from(cp.container_port).ok())
                 .ok_or_else(|| format!("container has no port named {name:?}"))
         }
-    }
-}
-
-/// The scheme of an httpGet probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scheme {
-    Http,
-    Https,
-}
-
-impl Scheme {
-    /// `HTTP` (the default) or `HTTPS`, in any case, as the kubelet accepts them.
-    fn parse(s: Option<&str>) -> Result<Self, String> {
-        match s.unwrap_or("HTTP").to_ascii_uppercase().as_str() {
-            "" | "HTTP" => Ok(Self::Http),
-            "HTTPS" => Ok(Self::Https),
-            other => Err(format!("unsupported httpGet scheme {other:?}")),
-        }
-    }
-
-    /// The URL scheme.
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Https => "https",
-        }
-    }
-}
-
-/// A minimal HTTP/1.1 GET over plain TCP or TLS; returns the status code.
-async fn http_get(
-    scheme: Scheme,
-    host: &str,
-    port: u16,
-    path: &str,
-    headers: &[(String, String)],
-) -> Result<u16, String> {
-    let authority = super::probe_grpc::authority(host, port);
-    let tcp = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("dial {authority}: {e}"))?;
-    match scheme {
-        Scheme::Http => http_exchange(tcp, &authority, path, headers).await,
-        Scheme::Https => {
-            let tls = tls_handshake(tcp, host).await?;
-            http_exchange(tls, &authority, path, headers).await
-        }
-    }
-}
-
-/// TLS over `tcp` without verifying the server's certificate, as the kubelet's HTTPS probes do.
-async fn tls_handshake(
-    tcp: tokio::net::TcpStream,
-    host: &str,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
-        .with_no_client_auth();
-    // An IP address gives no SNI; a name is sent as SNI.
-    let server_name = ServerName::try_from(host.to_string())
-        .map_err(|e| format!("TLS server name {host:?}: {e}"))?;
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| format!("TLS handshake with {host}: {e}"))
-}
-
-/// Accepts any server certificate, checking only that the server holds the key it presented.
-///
-/// SAFETY-style note (no `unsafe` here, but a deliberate weakening): the kubelet's HTTPS probes
-/// skip certificate verification (`InsecureSkipVerify`), because a probe asks "does the
-/// container answer?", not "is this peer who it claims to be?"; containers serve self-signed
-/// or pod-IP certificates no node could verify. Probes send no secrets, so an impostor could
-/// at most fake a health verdict it could fake with plain HTTP too. Never use this verifier
-/// for anything but probes.
-#[derive(Debug)]
-struct AcceptAnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// Sends the GET on `s` and reads the status line; returns the status code.
-async fn http_exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
-    authority: &str,
-    path: &str,
-    headers: &[(String, String)],
-) -> Result<u16, String> {
-    let mut req = format!("GET {path} HTTP/1.1\r\n");
-    let has = |n: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n));
-    if !has("host") {
-        req.push_str(&format!("Host: {authority}\r\n"));
-    }
-    if !has("user-agent") {
-        req.push_str("User-Agent: kube-probe/1.37\r\n");
-    }
-    if !has("accept") {
-        req.push_str("Accept: */*\r\n");
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("Connection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| format!("sending request: {e}"))?;
-    s.flush()
-        .await
-        .map_err(|e| format!("sending request: {e}"))?;
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 256];
-    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-        let n = s
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("reading response: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let line = String::from_utf8_lossy(&buf);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| "malformed HTTP response".to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn schemes_are_http_or_https_in_any_case() {
-        assert_eq!(Scheme::parse(None), Ok(Scheme::Http));
-        assert_eq!(Scheme::parse(Some("https")), Ok(Scheme::Https));
-        assert_eq!(Scheme::parse(Some("HTTPS")), Ok(Scheme::Https));
-        assert!(Scheme::parse(Some("ftp")).is_err());
     }
 }
