@@ -21,7 +21,9 @@ struct Bus {
 }
 
 impl Bus {
-    fn start() -> Self {
+    /// The bus and the stand-in; `reload` is "apply" (a SIGHUP re-reads the drop-ins, as
+    /// logind does) or "ignore" (logind keeps its 5 s).
+    fn start(reload: &str) -> Self {
         let dir = TempDir::new("dbus");
         // Debian's session bus configuration (anyone may own names and call) on our socket.
         let daemon = Command::new("dbus-daemon")
@@ -46,6 +48,8 @@ impl Bus {
             ))
             .arg(bus.address())
             .arg(bus.log_path())
+            .arg(bus.conf_dir())
+            .arg(reload)
             .spawn()
             .expect("logind stand-in");
         bus.standin = Some(standin);
@@ -55,6 +59,20 @@ impl Bus {
 
     fn address(&self) -> String {
         format!("unix:path={}/bus", self.dir.path().display())
+    }
+
+    /// logind's drop-in directory (where berthd raises InhibitDelayMaxSec).
+    fn conf_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("logind.conf.d")
+    }
+
+    /// The agent's configuration: graceful shutdown over 6 s (more than logind's 5 s), 2 s of
+    /// them for critical pods, drop-ins into this bus's directory.
+    fn agent_config(&self) -> String {
+        format!(
+            "shutdown_grace_period_secs = 6.0\nshutdown_grace_period_critical_pods_secs = 2.0\nlogind_config_dir = {:?}\n",
+            self.conf_dir().display().to_string()
+        )
     }
 
     fn log_path(&self) -> std::path::PathBuf {
@@ -102,19 +120,37 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
-    let bus = Bus::start();
+    let bus = Bus::start("apply");
     // SAFETY: set before any other thread of this test process exists (a plain #[test], the
     // tokio runtime is made below, and nextest runs each test in its own process); berthd
     // inherits it.
     unsafe { std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", bus.address()) };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let a = Agent::start_with_config(
-        &[],
-        "shutdown_grace_period_secs = 4.0\nshutdown_grace_period_critical_pods_secs = 2.0\n",
-    );
+    let a = Agent::start_with_config(&[], &bus.agent_config());
     wait_for("berthd's delay inhibitor lock", || {
         bus.log().contains("inhibit shutdown berth delay")
     });
+    // logind's 5 s were shorter than the 6 s grace period: berthd raised them with a drop-in
+    // and a reload before taking the lock.
+    let drop_in = std::fs::read_to_string(bus.conf_dir().join(berth::agent::logind::DROP_IN))
+        .expect("berthd's logind drop-in");
+    assert!(
+        drop_in.contains("[Login]\nInhibitDelayMaxSec=6\n"),
+        "{drop_in}"
+    );
+    let log = bus.log();
+    let reloaded = log
+        .find("reloaded 6000000")
+        .expect("logind reloaded with 6 s");
+    assert!(log.contains("kill systemd-logind.service main 1"), "{log}");
+    assert!(
+        reloaded < log.find("inhibit shutdown").expect("inhibit"),
+        "raised before the lock: {log}"
+    );
+    assert!(
+        !a.daemon.log().contains("logind waits less than"),
+        "no warning once raised"
+    );
     start_regular_and_critical_pods(&a, "true");
     assert!(!bus.log().contains("released"), "{}", bus.log());
 
@@ -136,5 +172,24 @@ fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
             .log()
             .contains("systemd-logind: the node is shutting down")
     );
+    rt.block_on(a.finish());
+}
+
+#[test]
+fn a_logind_that_keeps_a_short_inhibit_delay_is_warned_about() {
+    let bus = Bus::start("ignore");
+    // SAFETY: as in the test above: no other thread exists yet and berthd inherits it.
+    unsafe { std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", bus.address()) };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let a = Agent::start_with_config(&[], &bus.agent_config());
+    wait_for("berthd's delay inhibitor lock", || {
+        bus.log().contains("inhibit shutdown berth delay")
+    });
+    assert!(bus.log().contains("kill systemd-logind.service main 1"));
+    wait_for("the warning", || {
+        a.daemon
+            .log()
+            .contains("logind waits less than the shutdown grace period")
+    });
     rt.block_on(a.finish());
 }

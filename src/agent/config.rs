@@ -79,6 +79,9 @@ pub struct AgentConfig {
     pub shutdown_grace_period_critical_pods_secs: f64,
     /// Shutdown grace periods by pod priority (replaces the two settings above when set).
     pub shutdown_grace_period_by_pod_priority: Vec<ShutdownGraceByPriority>,
+    /// Where the agent writes the logind drop-in raising `InhibitDelayMaxSec` to the shutdown
+    /// grace period when logind's is shorter.
+    pub logind_config_dir: PathBuf,
     /// Refuse to start when the machine has swap on.
     pub fail_swap_on: bool,
     /// With swap allowed: `NoSwap` (pods get none) or `LimitedSwap` (Burstable pods may swap
@@ -160,6 +163,7 @@ impl Default for AgentConfig {
             shutdown_grace_period_secs: 0.0,
             shutdown_grace_period_critical_pods_secs: 0.0,
             shutdown_grace_period_by_pod_priority: Vec::new(),
+            logind_config_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
             fail_swap_on: true,
             memory_swap_behavior: "NoSwap".to_string(),
         }

@@ -51,6 +51,8 @@ pub enum Value {
     Byte(u8),
     /// `b`
     Bool(bool),
+    /// `i`
+    I32(i32),
     /// `u`
     U32(u32),
     /// `t`
@@ -72,6 +74,7 @@ impl Value {
         match self {
             Value::Byte(_) => "y".into(),
             Value::Bool(_) => "b".into(),
+            Value::I32(_) => "i".into(),
             Value::U32(_) => "u".into(),
             Value::U64(_) => "t".into(),
             Value::Str(_) => "s".into(),
@@ -137,6 +140,7 @@ impl Writer {
         match v {
             Value::Byte(b) => self.buf.push(*b),
             Value::Bool(b) => self.u32(u32::from(*b)),
+            Value::I32(n) => self.u32(u32::from_ne_bytes(n.to_ne_bytes())),
             Value::U32(n) | Value::Fd(n) => self.u32(*n),
             Value::U64(n) => {
                 self.pad(8);
@@ -218,6 +222,7 @@ impl Reader<'_> {
         Ok(match t {
             'y' => Value::Byte(self.take(1)?[0]),
             'b' => Value::Bool(self.u32()? != 0),
+            'i' => Value::I32(i32::from_ne_bytes(self.u32()?.to_ne_bytes())),
             'u' => Value::U32(self.u32()?),
             'h' => Value::Fd(self.u32()?),
             't' => Value::U64(self.u64()?),
@@ -600,6 +605,7 @@ mod tests {
         let values = [
             Value::Byte(7),
             Value::Bool(true),
+            Value::I32(-15),
             Value::U64(1 << 40),
             Value::Str("shutdown".into()),
             Value::Path("/org/freedesktop/login1".into()),
@@ -612,7 +618,7 @@ mod tests {
             w.value(v);
         }
         let sig: String = values.iter().map(Value::signature).collect();
-        assert_eq!(sig, "ybtsoghv");
+        assert_eq!(sig, "ybitsoghv");
         let mut r = Reader {
             buf: &w.buf,
             pos: 0,

@@ -191,7 +191,12 @@ pub async fn start(
                 .map(|g| g.grace_secs.max(0) as u64)
                 .sum(),
         );
-        logind::spawn(shutdown_manager, grace, tokio::runtime::Handle::current());
+        logind::spawn(
+            shutdown_manager,
+            grace,
+            cfg.logind_config_dir.clone(),
+            tokio::runtime::Handle::current(),
+        );
     }
     tokio::spawn(node_status.clone().heartbeat());
     tokio::spawn(node_status.run());
