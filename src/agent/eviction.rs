@@ -367,7 +367,8 @@ fn is_active(p: &Pod, ctx: &AgentContext) -> bool {
 }
 
 /// Checks the signals every monitoring period, forever; after an eviction it waits for the pod
-/// to end (at most 30 s) before the next period.
+/// to end (at most 30 s) and checks again at once, as the kubelet does, so that pressure a
+/// single eviction did not relieve is acted on without another period's wait.
 pub async fn run(ctx: Arc<AgentContext>) {
     let cfg = ctx.config.clone();
     let period = Duration::from_secs_f64(cfg.eviction_monitoring_period_secs.max(0.05));
@@ -388,6 +389,7 @@ pub async fn run(ctx: Arc<AgentContext>) {
             if !left.is_empty() {
                 tracing::warn!(uid = %uid, "eviction: timed out waiting for the evicted pod to end");
             }
+            continue;
         }
         tokio::time::sleep(period).await;
     }
