@@ -1,5 +1,5 @@
-//! The agent's gRPC and HTTP(S) probes against servers run by the test itself (host-network pods
-//! are probed on 127.0.0.1).
+//! The agent's probes: gRPC, HTTP(S) and TCP against servers run by the test itself
+//! (host-network pods are probed on 127.0.0.1), and the startup probe's gate.
 
 mod agent_support;
 mod common;
@@ -371,6 +371,95 @@ async fn http_probes_follow_redirects_on_the_same_host_only() {
     assert!(
         a.daemon.log().contains("stopped after 10 redirects"),
         "the loop is named in the log"
+    );
+    a.finish().await;
+}
+
+/// The id of the running instance of container `name` of pod `uid`.
+async fn running_container(c: &berth::client::CriClient, uid: &str, name: &str) -> String {
+    containers(c)
+        .await
+        .into_iter()
+        .find(|ct| {
+            ct.state == k8s_cri::v1::ContainerState::ContainerRunning as i32
+                && ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid)
+                && ct.metadata.as_ref().is_some_and(|m| m.name == name)
+        })
+        .map(|ct| ct.id)
+        .unwrap_or_else(|| panic!("a running {name} in pod {uid}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_probe_gates_liveness_and_readiness_and_restarts_when_it_fails() {
+    let a = Agent::start();
+    // Liveness always fails, but only counts once the startup probe has passed.
+    let gated = "    startupProbe:\n      exec:\n        command: [\"cat\", \"/tmp/started\"]\n      periodSeconds: 1\n      failureThreshold: 60\n    livenessProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n      failureThreshold: 1\n    readinessProbe:\n      exec:\n        command: [\"true\"]\n      periodSeconds: 1\n";
+    a.write("gated.yaml", &pod_yaml("gated", "sleep 3600", "", gated));
+    // A startup probe that never passes restarts its container after failureThreshold.
+    let never = "    startupProbe:\n      exec:\n        command: [\"false\"]\n      periodSeconds: 1\n      failureThreshold: 2\n";
+    a.write("never.yaml", &pod_yaml("never", "sleep 3600", "", never));
+
+    let p = a.wait_pod("default", "gated", "gated running", |p| running(p, "main"));
+    // Three periods of failing liveness and passing readiness change nothing while the
+    // startup probe has not passed.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let p2 = a.pod("default", "gated").expect("gated");
+    assert_eq!(restarts(&p2, "main"), 0, "{p2}");
+    assert_eq!(container(&p2, "main")["started"], false, "{p2}");
+    assert_eq!(container(&p2, "main")["ready"], false, "{p2}");
+
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let c = a.daemon.client().await;
+    let id = running_container(&c, &uid, "main").await;
+    common::exec_ok(&c, &id, &["touch", "/tmp/started"]).await;
+    // Started: liveness now counts, fails and restarts the container (whose fresh /tmp has no
+    // /tmp/started, so the new instance is gated again).
+    a.wait_pod("default", "gated", "restarted by liveness", |p| {
+        restarts(p, "main") >= 1
+    });
+    assert!(
+        a.daemon
+            .log()
+            .contains("container failed liveness probe, will be restarted"),
+        "{}",
+        tail(&a.daemon.log(), 20)
+    );
+
+    a.wait_pod("default", "never", "restarted by its startup probe", |p| {
+        restarts(p, "main") >= 1
+    });
+    assert!(
+        a.daemon
+            .log()
+            .contains("container failed startup probe, will be restarted")
+    );
+    a.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_liveness_restarts_the_container_when_the_port_closes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let a = Agent::start();
+    let probe = format!(
+        "    livenessProbe:\n      tcpSocket:\n        port: {port}\n      periodSeconds: 1\n      failureThreshold: 2\n"
+    );
+    a.write("tcp.yaml", &pod_yaml("tcp", "sleep 3600", "", &probe));
+    a.wait_pod("default", "tcp", "tcp running", |p| running(p, "main"));
+    // The port answers: three periods without a restart.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let p = a.pod("default", "tcp").expect("tcp");
+    assert_eq!(restarts(&p, "main"), 0, "{p}");
+
+    drop(listener);
+    a.wait_pod("default", "tcp", "restarted once the port closed", |p| {
+        restarts(p, "main") >= 1
+    });
+    let log = a.daemon.log();
+    assert!(
+        log.contains(&format!("dial tcp 127.0.0.1:{port}: ")),
+        "the refused dial is named: {}",
+        tail(&log, 20)
     );
     a.finish().await;
 }
