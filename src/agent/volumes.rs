@@ -4,7 +4,7 @@
 //! directory, mounted read-only), and the CRI mounts of each container's volumeMounts.
 
 use std::collections::HashMap;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use k8s_cri::v1 as cri;
@@ -192,14 +192,20 @@ fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
                     .map_err(|e| format!("chmod: {e}"))
             }
         },
+        // As the kubelet: the file is created (0644), its parent directory is not.
         "FileOrCreate" => match meta {
             Ok(m) => is("file", m.is_file()),
-            Err(_) => std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map(|_| ())
-                .map_err(|e| format!("creating: {e}")),
+            Err(_) => {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o644)
+                    .open(path)
+                    .map_err(|e| format!("creating: {e}"))?;
+                // Whatever berthd's umask is.
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+                    .map_err(|e| format!("chmod: {e}"))
+            }
         },
         other => {
             let m = meta.map_err(|e| format!("{e}"))?;
@@ -285,6 +291,58 @@ pub fn cleanup(pod_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_path_types_are_checked_and_created_as_the_kubelet_does() {
+        let dir = std::env::temp_dir().join(format!("berth-hostpath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mode = |p: &Path| std::fs::metadata(p).map(|m| m.mode() & 0o777).ok();
+
+        let made = dir.join("a/b");
+        assert_eq!(check_host_path(&made, "DirectoryOrCreate"), Ok(()));
+        assert_eq!(mode(&made), Some(0o755));
+        assert_eq!(check_host_path(&made, "Directory"), Ok(()));
+        assert_eq!(
+            check_host_path(&made, "File"),
+            Err("is not a file".to_string())
+        );
+
+        let file = dir.join("f");
+        assert_eq!(check_host_path(&file, "FileOrCreate"), Ok(()));
+        assert_eq!(mode(&file), Some(0o644));
+        assert_eq!(check_host_path(&file, "File"), Ok(()));
+        assert_eq!(
+            check_host_path(&file, "DirectoryOrCreate"),
+            Err("is not a directory".to_string())
+        );
+        // FileOrCreate makes no parent directories.
+        assert!(check_host_path(&dir.join("missing/f"), "FileOrCreate").is_err());
+
+        let socket = dir.join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        assert_eq!(check_host_path(&socket, "Socket"), Ok(()));
+        assert_eq!(
+            check_host_path(&file, "Socket"),
+            Err("is not a socket".to_string())
+        );
+        assert_eq!(
+            check_host_path(Path::new("/dev/null"), "CharDevice"),
+            Ok(())
+        );
+        assert_eq!(
+            check_host_path(Path::new("/dev/null"), "BlockDevice"),
+            Err("is not a block device".to_string())
+        );
+        // Existence types on a missing path, and an unknown type.
+        assert!(check_host_path(&dir.join("none"), "Directory").is_err());
+        assert!(check_host_path(&dir.join("none"), "").is_ok());
+        assert_eq!(
+            check_host_path(&made, "Fifo"),
+            Err("unknown hostPath type \"Fifo\"".to_string())
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn sub_paths_stay_inside() {
