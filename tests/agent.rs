@@ -799,3 +799,51 @@ async fn an_env_value_without_a_source_is_a_create_container_config_error() {
     assert!(containers(&c).await.is_empty(), "no container was created");
     a.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_message() {
+    let a = Agent::start();
+    a.write(
+        "badcap.yaml",
+        &pod_yaml(
+            "badcap",
+            "sleep 3600",
+            "",
+            "    securityContext:\n      capabilities:\n        add: [NOT_A_CAPABILITY]\n",
+        ),
+    );
+    a.write(
+        "noexec.yaml",
+        &pod_yaml("noexec", "sleep 3600", "", "").replace(
+            "command: [\"sh\", \"-c\", \"sleep 3600\"]",
+            "command: [\"/no/such/binary\"]",
+        ),
+    );
+    let p = a.wait_pod("default", "badcap", "CreateContainerError", |p| {
+        waiting_reason(p, "main") == "CreateContainerError"
+    });
+    let message = container(&p, "main")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("NOT_A_CAPABILITY"), "{message}");
+    // libcontainer looks the executable up when it creates the container, so a missing one
+    // fails CreateContainer (containerd + runc fail at StartContainer instead); the message is
+    // the shim's own line, not libcontainer's log.
+    let p = a.wait_pod("default", "noexec", "the missing binary reported", |p| {
+        waiting_reason(p, "main") == "CreateContainerError"
+    });
+    let message = container(&p, "main")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("executable '/no/such/binary' not found"),
+        "{message}"
+    );
+    assert!(
+        !message.contains('\n') && !message.contains(" WARN "),
+        "one line, no log: {message}"
+    );
+    a.finish().await;
+}

@@ -408,10 +408,12 @@ impl ContainerManager {
                 ContainerError::Internal(format!("starting {}: {e}", self.shim.display()))
             })?;
         if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            tracing::debug!(id = %rec.id, stderr = %stderr.trim(), "berth-shim failed");
             return Err(ContainerError::Internal(format!(
                 "creating container {}: {}",
                 rec.id,
-                String::from_utf8_lossy(&out.stderr).trim()
+                shim_failure(&stderr)
             )));
         }
         Ok(())
@@ -760,5 +762,38 @@ mod tests {
             Some(1_795_953_600_000_000_001)
         );
         assert_eq!(parse_rfc3339_utc("garbage"), None);
+    }
+}
+
+/// The shim's own account of a failed create: its last `berth-shim: ` line. The log lines of
+/// libcontainer before it (cgroup warnings, timestamps) go to berthd's debug log, not into the
+/// error a client sees; a stderr without such a line is given whole.
+fn shim_failure(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("berth-shim: "))
+        .map(str::trim)
+        .unwrap_or_else(|| stderr.trim())
+}
+
+#[cfg(test)]
+mod shim_failure_tests {
+    use super::shim_failure;
+
+    #[test]
+    fn the_shims_own_line_is_the_error() {
+        let stderr = "2026-11-30T02:34:13Z  WARN libcgroups::v1::manager: cgroup hugetlb not supported\n\
+            2026-11-30T02:34:13Z ERROR libcontainer: failed to run container process\n\
+            berth-shim: create container abc (bundle /b): failed to create container: executable '/x' not found in $PATH\n";
+        assert_eq!(
+            shim_failure(stderr),
+            "create container abc (bundle /b): failed to create container: executable '/x' not found in $PATH"
+        );
+        assert_eq!(
+            shim_failure("  something else broke \n"),
+            "something else broke"
+        );
+        assert_eq!(shim_failure(""), "");
     }
 }
