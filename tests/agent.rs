@@ -802,7 +802,18 @@ async fn an_env_value_without_a_source_is_a_create_container_config_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_message() {
-    let a = Agent::start();
+    // A 5 s back-off base (drop-in over the harness's 1 s): a failed creation is retried only
+    // then, not every 300 ms sync.
+    let dropins = common::TempDir::new("createretry");
+    std::fs::write(
+        dropins.path().join("50-backoff.toml"),
+        "[agent]\nbackoff_base_secs = 5.0\n",
+    )
+    .expect("drop-in");
+    let a = Agent::start_with(&[
+        "--config-dir".to_string(),
+        dropins.path().display().to_string(),
+    ]);
     a.write(
         "badcap.yaml",
         &pod_yaml(
@@ -827,6 +838,16 @@ async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_mess
         .unwrap_or_default()
         .to_string();
     assert!(message.contains("NOT_A_CAPABILITY"), "{message}");
+    let attempts = |a: &Agent| {
+        a.daemon
+            .log()
+            .lines()
+            .filter(|l| l.contains("CreateContainer failed") && l.contains("badcap_default"))
+            .count()
+    };
+    // Well within the 5 s: still the first attempt only.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(attempts(&a), 1, "{}", tail(&a.daemon.log(), 20));
     // libcontainer looks the executable up when it creates the container, so a missing one
     // fails CreateContainer (containerd + runc fail at StartContainer instead); the message is
     // the shim's own line, not libcontainer's log.

@@ -57,6 +57,10 @@ pub struct PodWorker {
     init_failed: bool,
     message: Option<String>,
     sandbox_failed: Option<Instant>,
+    /// Containers whose last creation failed (config, volumes, CreateContainer or
+    /// StartContainer), and when: retried a back-off base later (10 s by default, as the
+    /// kubelet requeues a failed pod sync), not with a new bundle and shim every sync period.
+    create_failed: HashMap<String, Instant>,
     /// The last sync started or stopped something.
     acted: bool,
     /// The last sync called a CRI method that changes containers or the sandbox.
@@ -97,6 +101,7 @@ impl PodWorker {
             init_failed: false,
             message: None,
             sandbox_failed: None,
+            create_failed: HashMap::new(),
             acted: false,
             mutated: false,
             last_action: Instant::now(),
@@ -550,6 +555,11 @@ impl PodWorker {
                 return;
             }
         }
+        if let Some(failed_at) = self.create_failed.get(&c.name)
+            && now.saturating_duration_since(*failed_at) < self.ctx.backoff.base
+        {
+            return;
+        }
         let Some(image) = self.ensure_image(c).await else {
             return;
         };
@@ -577,6 +587,7 @@ impl PodWorker {
             Err(e) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "container config");
                 self.set_waiting(&c.name, "CreateContainerConfigError", e);
+                self.create_failed.insert(c.name.clone(), now);
                 return;
             }
         };
@@ -592,6 +603,7 @@ impl PodWorker {
                     "ContainerCreating",
                     format!("MountVolume.SetUp failed: {e}"),
                 );
+                self.create_failed.insert(c.name.clone(), now);
                 return;
             }
         }
@@ -620,6 +632,7 @@ impl PodWorker {
             Err(e) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "CreateContainer failed");
                 self.set_waiting(&c.name, "CreateContainerError", e.message().to_string());
+                self.create_failed.insert(c.name.clone(), now);
                 return;
             }
         };
@@ -631,8 +644,10 @@ impl PodWorker {
         {
             tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "StartContainer failed");
             self.set_waiting(&c.name, "RunContainerError", e.message().to_string());
+            self.create_failed.insert(c.name.clone(), now);
             return;
         }
+        self.create_failed.remove(&c.name);
         tracing::info!(pod = %self.pod_ref(), container = %c.name, id = %id, restart_count, "container started");
         self.acted = true;
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
