@@ -123,6 +123,21 @@ pub const EVICTION_SIGNALS: [&str; 6] = [
     "pid.available",
 ];
 
+/// Longest duration a `*_secs` setting may hold: 10 years. Larger values (and infinities)
+/// would panic later in `Duration::from_secs_f64` or overflow `Instant + period`.
+pub const MAX_DURATION_SECS: f64 = 315_360_000.0;
+
+/// Checks that the duration `name` holds is finite and at most [`MAX_DURATION_SECS`].
+fn bounded_secs(name: &str, secs: f64) -> Result<(), String> {
+    if secs.is_finite() && secs <= MAX_DURATION_SECS {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name} = {secs} must be a finite number of seconds, at most {MAX_DURATION_SECS} (10 years)"
+        ))
+    }
+}
+
 /// Resources that may be reserved.
 const RESERVABLE: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pid"];
 
@@ -191,11 +206,16 @@ impl AgentConfig {
                 "agent.node_status_report_secs",
                 self.node_status_report_secs,
             ),
+            (
+                "agent.node_lease_duration_secs",
+                self.node_lease_duration_secs,
+            ),
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} must be a positive number of seconds"));
             }
+            bounded_secs(name, v)?;
         }
         if !self.cgroup_root.starts_with('/') || self.cgroup_root.contains("..") {
             return Err(format!(
@@ -231,6 +251,7 @@ impl AgentConfig {
                     "{name} must be zero or a positive number of seconds"
                 ));
             }
+            bounded_secs(name, v)?;
         }
         for (name, v) in [
             (
@@ -246,6 +267,23 @@ impl AgentConfig {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} must be a positive number of seconds"));
             }
+            bounded_secs(name, v)?;
+        }
+        bounded_secs(
+            "agent.eviction_max_pod_grace_period_secs",
+            self.eviction_max_pod_grace_period_secs as f64,
+        )?;
+        for (i, p) in self
+            .shutdown_grace_period_by_pod_priority
+            .iter()
+            .enumerate()
+        {
+            bounded_secs(
+                &format!(
+                    "agent.shutdown_grace_period_by_pod_priority[{i}].shutdown_grace_period_seconds"
+                ),
+                p.shutdown_grace_period_seconds as f64,
+            )?;
         }
         if self.shutdown_grace_period_critical_pods_secs > self.shutdown_grace_period_secs {
             return Err(
@@ -288,6 +326,12 @@ impl AgentConfig {
                     "agent.eviction_soft.{signal:?} needs a grace period in agent.eviction_soft_grace_period_secs"
                 ));
             }
+        }
+        for (signal, &secs) in &self.eviction_soft_grace_period_secs {
+            bounded_secs(
+                &format!("agent.eviction_soft_grace_period_secs.{signal:?}"),
+                secs,
+            )?;
         }
         for (section, map) in [
             ("agent.system_reserved", &self.system_reserved),
@@ -389,5 +433,66 @@ mod tests {
         let mut c = AgentConfig::default();
         c.system_reserved.insert("memory".into(), "lots".into());
         assert!(c.validate().is_err_and(|e| e.contains("memory")));
+    }
+
+    #[test]
+    fn infinite_and_huge_durations_are_refused_by_name() {
+        for v in [1e30, f64::INFINITY] {
+            let c = AgentConfig {
+                eviction_monitoring_period_secs: v,
+                ..Default::default()
+            };
+            assert!(
+                c.validate()
+                    .is_err_and(|e| e.contains("agent.eviction_monitoring_period_secs")),
+                "period {v}"
+            );
+            let c = AgentConfig {
+                minimum_container_ttl_secs: v,
+                ..Default::default()
+            };
+            assert!(
+                c.validate()
+                    .is_err_and(|e| e.contains("agent.minimum_container_ttl_secs")),
+                "ttl {v}"
+            );
+            let mut c = AgentConfig::default();
+            c.eviction_soft
+                .insert("memory.available".into(), "1Gi".into());
+            c.eviction_soft_grace_period_secs
+                .insert("memory.available".into(), v);
+            assert!(
+                c.validate().is_err_and(|e| {
+                    e.contains("agent.eviction_soft_grace_period_secs")
+                        && e.contains("memory.available")
+                }),
+                "soft grace {v}"
+            );
+        }
+        let mut c = AgentConfig::default();
+        c.shutdown_grace_period_by_pod_priority
+            .push(ShutdownGraceByPriority {
+                priority: 0,
+                shutdown_grace_period_seconds: i64::MAX,
+            });
+        assert!(
+            c.validate()
+                .is_err_and(|e| e.contains("shutdown_grace_period_by_pod_priority[0]"))
+        );
+        let c = AgentConfig {
+            eviction_max_pod_grace_period_secs: 400_000_000,
+            ..Default::default()
+        };
+        assert!(
+            c.validate()
+                .is_err_and(|e| e.contains("agent.eviction_max_pod_grace_period_secs"))
+        );
+        // Ten years exactly is still accepted.
+        let mut c = AgentConfig::default();
+        c.eviction_soft
+            .insert("memory.available".into(), "1Gi".into());
+        c.eviction_soft_grace_period_secs
+            .insert("memory.available".into(), MAX_DURATION_SECS);
+        assert_eq!(c.validate(), Ok(()));
     }
 }
