@@ -192,5 +192,32 @@ async fn remove_orphans(ctx: &AgentContext, desired: &BTreeMap<PodKey, DesiredPo
                 pod_sandbox_id: sb.id.clone(),
             })
             .await;
+        // Its volumes too (a Memory emptyDir's tmpfs stays mounted otherwise), as a worker does
+        // when its pod goes; only for a uid that names one directory under pods_dir.
+        if is_plain_name(uid) {
+            super::volumes::cleanup(&ctx.pods_dir.join(uid));
+        }
+    }
+}
+
+/// Whether `name` is one normal path component (not empty, `.`, `..`, nor holding a `/`).
+fn is_plain_name(name: &str) -> bool {
+    let mut parts = std::path::Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) && !name.contains('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_uids_name_a_pod_directory() {
+        assert!(is_plain_name("0b5c6f0e-1234-4c1a-9c1e-5f7d1c2b3a4d"));
+        for bad in ["", ".", "..", "a/b", "/abs", "../up", "a/"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
     }
 }

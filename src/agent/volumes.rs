@@ -269,8 +269,9 @@ pub fn mounts(c: &Container, volumes: &PreparedVolumes) -> Result<Vec<cri::Mount
     Ok(out)
 }
 
-/// Unmounts the pod's memory-backed volumes and removes its directory.
-pub fn cleanup(pod_dir: &Path) {
+/// Unmounts the pod's memory-backed (tmpfs) emptyDir volumes, freeing their pages; the
+/// directories stay. A later [`prepare`] mounts a fresh, empty tmpfs again.
+pub fn unmount_memory_volumes(pod_dir: &Path) {
     if let Ok(rd) = std::fs::read_dir(pod_dir.join("volumes/empty-dir")) {
         for e in rd.flatten() {
             if is_mount_point(&e.path())
@@ -281,6 +282,11 @@ pub fn cleanup(pod_dir: &Path) {
             }
         }
     }
+}
+
+/// Unmounts the pod's memory-backed volumes and removes its directory.
+pub fn cleanup(pod_dir: &Path) {
+    unmount_memory_volumes(pod_dir);
     if let Err(e) = std::fs::remove_dir_all(pod_dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {

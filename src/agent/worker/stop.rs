@@ -105,7 +105,7 @@ impl PodWorker {
     /// Ends the pod for good before its manifest does (eviction, node shutdown): stops its
     /// containers within `grace_secs` (the pod's own period when None), running preStop hooks,
     /// then its sandbox (kept, as the kubelet keeps an evicted pod's, until the manifest goes),
-    /// and leaves the pod Failed with `reason` and `message`.
+    /// unmounts its Memory emptyDirs, and leaves the pod Failed with `reason` and `message`.
     pub(super) async fn end(&mut self, reason: &str, message: &str, grace_secs: Option<i64>) {
         tracing::info!(pod = %self.pod_ref(), reason, message, "ending pod");
         self.drop_all_probes();
@@ -128,6 +128,9 @@ impl PodWorker {
                 tracing::debug!(pod = %self.pod_ref(), error = %e, "observing an ended pod");
             }
         }
+        // Free a Memory emptyDir's pages now (a pod evicted for memory), not when the manifest
+        // goes; the pod's directory stays until then.
+        crate::agent::volumes::unmount_memory_volumes(&self.ctx.pods_dir.join(&self.desired.uid));
         for t in self.tracks.values_mut() {
             t.waiting = None;
         }
