@@ -220,7 +220,7 @@ impl PodWorker {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
                 _ = stop.changed() => {}
-                _ = self.ctx.terminations.changed() => {}
+                _ = self.termination_requested() => {}
             }
         }
         tracing::info!(pod = %pod, "terminating pod");
@@ -236,6 +236,18 @@ impl PodWorker {
         }
         self.ctx.pods.remove(&super::manifest::key_of(self.pod()));
         tracing::info!(pod = %pod, "pod removed");
+    }
+
+    /// Resolves once a termination is requested for this pod (at once if one already is, say
+    /// one that came during the last sync). Other pods' requests and completions, which also
+    /// notify `terminations`, do not wake this worker into a sync.
+    async fn termination_requested(&self) {
+        loop {
+            if self.ctx.terminations.is_requested(&self.desired.uid) {
+                return;
+            }
+            self.ctx.terminations.changed().await;
+        }
     }
 
     async fn sync(&mut self) -> Result<(), String> {
