@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::dbus::{Connection, DbusError, Value, system_bus_address};
-use super::shutdown::ShutdownManager;
+use super::shutdown::{ShutdownError, ShutdownManager};
 
 const LOGIND: &str = "org.freedesktop.login1";
 const LOGIND_PATH: &str = "/org/freedesktop/login1";
@@ -206,6 +206,15 @@ fn watch(
                         elapsed_ms = report.elapsed_ms,
                         "graceful node shutdown done; releasing the inhibitor lock"
                     ),
+                    Err(ShutdownError::InProgress) => {
+                        // Started by `berthctl node shutdown`: its pods are still ending, so the
+                        // lock is held until that shutdown is done.
+                        tracing::info!(
+                            "graceful node shutdown already running; waiting for it before releasing the inhibitor lock"
+                        );
+                        rt.block_on(manager.wait_finished());
+                        tracing::info!("graceful node shutdown done; releasing the inhibitor lock");
+                    }
                     Err(e) => tracing::warn!(error = %e, "graceful node shutdown"),
                 }
                 drop(lock.take());

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use super::AgentContext;
 use super::config::AgentConfig;
@@ -114,10 +115,51 @@ pub fn group_of(groups: &[ShutdownGroup], by_priority: bool, pod: &Pod) -> usize
         .unwrap_or(0)
 }
 
+/// Whether the node's one shutdown began and whether it has finished.
+struct Progress {
+    started: AtomicBool,
+    finished: watch::Sender<bool>,
+}
+
+impl Progress {
+    /// Nothing began yet.
+    fn new() -> Self {
+        Self {
+            started: AtomicBool::new(false),
+            finished: watch::Sender::new(false),
+        }
+    }
+
+    /// Claims the shutdown: `None` when one already began. The guard marks it finished when it
+    /// is dropped, also when the shutdown's future is dropped half-way, so waiters never hang.
+    fn begin(&self) -> Option<FinishGuard<'_>> {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        Some(FinishGuard(&self.finished))
+    }
+
+    /// Resolves once the shutdown that began has finished (at once when it already has).
+    async fn wait_finished(&self) {
+        let mut finished = self.finished.subscribe();
+        // The sender lives in `self`, so the wait cannot fail while it is borrowed.
+        let _ = finished.wait_for(|f| *f).await;
+    }
+}
+
+/// Held while a shutdown runs; marks it finished when dropped.
+struct FinishGuard<'a>(&'a watch::Sender<bool>);
+
+impl Drop for FinishGuard<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
 /// The node shutdown manager.
 pub struct ShutdownManager {
     ctx: Arc<AgentContext>,
-    started: AtomicBool,
+    progress: Progress,
 }
 
 impl ShutdownManager {
@@ -125,13 +167,20 @@ impl ShutdownManager {
     pub fn new(ctx: Arc<AgentContext>) -> Arc<Self> {
         Arc::new(Self {
             ctx,
-            started: AtomicBool::new(false),
+            progress: Progress::new(),
         })
     }
 
     /// Whether a shutdown began.
     pub fn is_shutting_down(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
+        self.progress.started.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the shutdown that began (from `berthctl node shutdown` or logind) has
+    /// ended every group; at once when it already has. Call it after `shutdown` answered
+    /// `InProgress`: before any shutdown began it waits for one to begin and finish.
+    pub async fn wait_finished(&self) {
+        self.progress.wait_finished().await;
     }
 
     /// Ends every pod, group by group, and returns what happened. New pods are refused from
@@ -143,9 +192,9 @@ impl ShutdownManager {
         if groups.is_empty() {
             return Err(ShutdownError::Disabled);
         }
-        if self.started.swap(true, Ordering::SeqCst) {
+        let Some(_finished) = self.progress.begin() else {
             return Err(ShutdownError::InProgress);
-        }
+        };
         self.ctx.terminations.set_shutting_down();
         let by_priority = !cfg.shutdown_grace_period_by_pod_priority.is_empty();
         let begun = Instant::now();
@@ -282,5 +331,32 @@ mod tests {
         assert_eq!(group_of(&g, true, &pod(Some(200000), None)), 2);
         // Below the lowest range: the lowest group.
         assert_eq!(group_of(&g, true, &pod(Some(-5), None)), 0);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_running_shutdown_returns_when_it_ends() {
+        let progress = Arc::new(Progress::new());
+        let guard = progress.begin();
+        assert!(guard.is_some());
+        // A second shutdown is refused (the manager's InProgress) ...
+        assert!(progress.begin().is_none());
+        // ... and waiting for the first does not return while it runs ...
+        let waiter = tokio::spawn({
+            let progress = progress.clone();
+            async move { progress.wait_finished().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished());
+        // ... but as soon as it ends.
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the wait returns once the shutdown ended")
+            .expect("the waiter did not panic");
+        // Later waits return at once; the shutdown still cannot run twice.
+        tokio::time::timeout(Duration::from_millis(100), progress.wait_finished())
+            .await
+            .expect("an ended shutdown is not waited for");
+        assert!(progress.begin().is_none());
     }
 }
