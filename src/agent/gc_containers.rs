@@ -1,9 +1,10 @@
 //! Container and sandbox garbage collection: dead containers beyond the per-container and node
 //! limits, dead sandboxes that are not their pod's newest (the kubelet's rules).
 
+use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
@@ -52,14 +53,9 @@ pub fn evictable_containers(
         let Some(uid) = sandbox_uids.get(&c.pod_sandbox_id) else {
             continue;
         };
-        let name = c
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .or_else(|| c.labels.get(labels::CONTAINER_NAME).cloned())
-            .unwrap_or_default();
+        let name = container_name(c).unwrap_or_default();
         units
-            .entry((uid.clone(), name))
+            .entry((uid.clone(), name.to_string()))
             .or_default()
             .push(DeadContainer {
                 id: c.id.clone(),
@@ -72,12 +68,24 @@ pub fn evictable_containers(
     units
 }
 
+/// A container's name: its CRI metadata's, else the agent's container-name label (None when
+/// it has neither).
+fn container_name(c: &cri::Container) -> Option<&str> {
+    c.metadata
+        .as_ref()
+        .map(|m| m.name.as_str())
+        .filter(|n| !n.is_empty())
+        .or_else(|| c.labels.get(labels::CONTAINER_NAME).map(String::as_str))
+}
+
+/// The order of GC lists: newest creation time first, ties by id (stable across passes).
+fn newest_first(a: (i64, &str), b: (i64, &str)) -> CmpOrdering {
+    b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1))
+}
+
+/// Sorts dead containers newest first (see [`newest_first`]).
 fn sort_newest_first(v: &mut [DeadContainer]) {
-    v.sort_by(|a, b| {
-        b.created_at
-            .cmp(&a.created_at)
-            .then_with(|| a.id.cmp(&b.id))
-    });
+    v.sort_by(|a, b| newest_first((a.created_at, &a.id), (b.created_at, &b.id)));
 }
 
 /// Which dead containers to remove: all of pods no longer published, then the oldest beyond
@@ -157,11 +165,7 @@ pub fn sandboxes_to_remove(
     }
     let mut remove = Vec::new();
     for (uid, mut list) in by_pod {
-        list.sort_by(|a, b| {
-            b.created_at
-                .cmp(&a.created_at)
-                .then_with(|| a.id.cmp(&b.id))
-        });
+        list.sort_by(|a, b| newest_first((a.created_at, &a.id), (b.created_at, &b.id)));
         let keep = usize::from(published_uids.contains(uid));
         remove.extend(
             list.into_iter()
@@ -171,13 +175,6 @@ pub fn sandboxes_to_remove(
         );
     }
     remove
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 fn container_policy(ctx: &AgentContext) -> ContainerPolicy {
@@ -250,7 +247,12 @@ pub(super) async fn container_pass(ctx: &AgentContext) {
         .map(|s| (s.id.clone(), sandbox_uid(s)))
         .collect();
     let policy = container_policy(ctx);
-    let units = evictable_containers(&containers, &uids, now_ns(), policy.min_age);
+    let units = evictable_containers(
+        &containers,
+        &uids,
+        crate::util::unix_nanos_now(),
+        policy.min_age,
+    );
     let protected = newest_init_containers(ctx, &containers, &uids);
     let doomed: Vec<String> = containers_to_remove(units, &published, &policy)
         .into_iter()
@@ -297,7 +299,6 @@ pub(super) async fn container_pass(ctx: &AgentContext) {
     }
 }
 
-/// Removes a dead container; true when it is gone (NotFound counts as gone, not as removed).
 /// The newest instance of every init container of a published pod: its worker reads it to
 /// know the init container is done, and would run it again if it were gone.
 fn newest_init_containers(
@@ -316,18 +317,26 @@ fn newest_init_containers(
             init_names.insert((uid.clone(), ic.name.clone()));
         }
     }
+    newest_named(containers, sandbox_uids, &init_names)
+}
+
+/// Of the containers of the agent's sandboxes (`sandbox_uids`: sandbox id to pod uid), the id
+/// of the newest instance of each (pod uid, container name) in `wanted`.
+fn newest_named(
+    containers: &[cri::Container],
+    sandbox_uids: &HashMap<String, String>,
+    wanted: &HashSet<(String, String)>,
+) -> HashSet<String> {
     let mut newest: HashMap<(String, String), (i64, String)> = HashMap::new();
     for c in containers {
         let Some(uid) = sandbox_uids.get(&c.pod_sandbox_id) else {
             continue;
         };
-        let name = c
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
-        let key = (uid.clone(), name);
-        if !init_names.contains(&key) {
+        let Some(name) = container_name(c) else {
+            continue;
+        };
+        let key = (uid.clone(), name.to_string());
+        if !wanted.contains(&key) {
             continue;
         }
         let e = newest.entry(key).or_insert((c.created_at, c.id.clone()));
@@ -338,6 +347,7 @@ fn newest_init_containers(
     newest.into_values().map(|(_, id)| id).collect()
 }
 
+/// Removes a dead container; true when this call removed it (NotFound: someone else did).
 async fn remove_container(ctx: &AgentContext, id: &str) -> bool {
     let req = cri::RemoveContainerRequest {
         container_id: id.to_string(),
@@ -499,6 +509,29 @@ mod tests {
         assert_eq!(
             sorted(containers_to_remove(units, &published, &policy(-1, 6))),
             ["u1-a-1", "u1-a-2"]
+        );
+    }
+
+    #[test]
+    fn an_init_container_named_only_by_its_label_is_protected() {
+        let uids: HashMap<String, String> = [("s1".to_string(), "u1".to_string())].into();
+        let mut old = ctr("init-old", "s1", "", Exited, 1);
+        old.labels
+            .insert(labels::CONTAINER_NAME.into(), "setup".into());
+        let mut new = ctr("init-new", "s1", "", Exited, 2);
+        new.metadata = None;
+        new.labels
+            .insert(labels::CONTAINER_NAME.into(), "setup".into());
+        let other = ctr("main", "s1", "main", Exited, 3);
+        let wanted: HashSet<(String, String)> = [("u1".to_string(), "setup".to_string())].into();
+        assert_eq!(
+            newest_named(&[old.clone(), new.clone(), other], &uids, &wanted),
+            set(&["init-new"])
+        );
+        let units = evictable_containers(&[old, new], &uids, 10 * SEC, Duration::ZERO);
+        assert_eq!(
+            ids(&units[&("u1".to_string(), "setup".to_string())]),
+            ["init-new", "init-old"]
         );
     }
 
