@@ -449,6 +449,8 @@ impl PodWorker {
             .pod_sandbox_id;
         self.backoff.reset(SANDBOX_KEY);
         self.sandbox_failed = None;
+        // A new sandbox: its containers are created afresh, not held back by the old one's.
+        self.create_failed.clear();
         tracing::info!(pod = %self.pod_ref(), sandbox = %id, attempt, "pod sandbox running");
         self.sandbox = Some((id, attempt));
         self.sandbox_since = Instant::now();
