@@ -20,6 +20,7 @@ use super::manifest::DesiredPod;
 use super::probe::{self, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use super::sandbox_config::{log_directory, sandbox_config};
 use super::status::{self, is_exited, is_running};
+use super::volumes::PreparedVolumes;
 use super::{AgentContext, labels};
 
 /// Probes of one running container instance.
@@ -61,6 +62,9 @@ pub struct PodWorker {
     /// StartContainer), and when: retried a back-off base later (10 s by default, as the
     /// kubelet requeues a failed pod sync), not with a new bundle and shim every sync period.
     create_failed: HashMap<String, Instant>,
+    /// The pod's volumes as made ready for the current sandbox (on its first container start):
+    /// not made again per container, which rewrote downward files and reset emptyDir modes.
+    volumes: Option<PreparedVolumes>,
     /// The last sync started or stopped something.
     acted: bool,
     /// The last sync called a CRI method that changes containers or the sandbox.
@@ -102,6 +106,7 @@ impl PodWorker {
             message: None,
             sandbox_failed: None,
             create_failed: HashMap::new(),
+            volumes: None,
             acted: false,
             mutated: false,
             last_action: Instant::now(),
@@ -451,6 +456,7 @@ impl PodWorker {
         self.sandbox_failed = None;
         // A new sandbox: its containers are created afresh, not held back by the old one's.
         self.create_failed.clear();
+        self.volumes = None;
         tracing::info!(pod = %self.pod_ref(), sandbox = %id, attempt, "pod sandbox running");
         self.sandbox = Some((id, attempt));
         self.sandbox_since = Instant::now();
@@ -605,9 +611,9 @@ impl PodWorker {
                 return;
             }
         };
-        let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
-        let mounts = super::volumes::prepare(self.pod(), &pod_dir)
-            .and_then(|paths| super::volumes::mounts(c, &paths));
+        let mounts = self
+            .prepared_volumes()
+            .and_then(|paths| super::volumes::mounts(c, paths));
         match mounts {
             Ok(m) => config.mounts = m,
             Err(e) => {
@@ -689,6 +695,19 @@ impl PodWorker {
         } else {
             self.tracks.entry(c.name.clone()).or_default();
         }
+    }
+
+    /// The pod's volumes, made ready on first use for the current sandbox and kept (a failure
+    /// is not kept: the next container start tries again).
+    fn prepared_volumes(&mut self) -> Result<&PreparedVolumes, String> {
+        let prepared = match self.volumes.take() {
+            Some(v) => v,
+            None => {
+                let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
+                super::volumes::prepare(self.pod(), &pod_dir)?
+            }
+        };
+        Ok(self.volumes.insert(prepared))
     }
 
     /// A container created but never started (a start that failed): remove it and retry later.

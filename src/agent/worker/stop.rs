@@ -131,6 +131,7 @@ impl PodWorker {
         // Free a Memory emptyDir's pages now (a pod evicted for memory), not when the manifest
         // goes; the pod's directory stays until then.
         crate::agent::volumes::unmount_memory_volumes(&self.ctx.pods_dir.join(&self.desired.uid));
+        self.volumes = None;
         for t in self.tracks.values_mut() {
             t.waiting = None;
         }
