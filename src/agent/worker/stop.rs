@@ -7,6 +7,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
 use super::PodWorker;
+use crate::agent::downward::find_container;
 
 impl PodWorker {
     /// Runs the container's preStop hook (if any) within `grace` seconds, then stops it with
@@ -42,10 +43,12 @@ impl PodWorker {
         }
     }
 
-    pub(super) async fn remove_sandbox(&self, id: &str) {
-        self.stop_containers(id, self.grace()).await;
-        let mut rt = self.ctx.client.runtime();
-        if let Err(e) = rt
+    /// Stops the sandbox `id` (its network and pause process), logging a failure.
+    async fn stop_sandbox(&self, id: &str) {
+        if let Err(e) = self
+            .ctx
+            .client
+            .runtime()
             .stop_pod_sandbox(cri::StopPodSandboxRequest {
                 pod_sandbox_id: id.to_string(),
             })
@@ -53,7 +56,17 @@ impl PodWorker {
         {
             tracing::warn!(sandbox = id, error = %e.message(), "StopPodSandbox failed");
         }
-        if let Err(e) = rt
+    }
+
+    /// Stops the sandbox's containers within the pod's grace period, then stops and removes
+    /// the sandbox.
+    pub(super) async fn remove_sandbox(&self, id: &str) {
+        self.stop_containers(id, self.grace()).await;
+        self.stop_sandbox(id).await;
+        if let Err(e) = self
+            .ctx
+            .client
+            .runtime()
             .remove_pod_sandbox(cri::RemovePodSandboxRequest {
                 pod_sandbox_id: id.to_string(),
             })
@@ -76,26 +89,16 @@ impl PodWorker {
             })
             .await
         {
-            let spec = self.spec();
             let stops = list
                 .into_inner()
                 .containers
                 .into_iter()
                 .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
                 .map(|c| {
-                    let name = c
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.name.clone())
-                        .unwrap_or_default();
-                    let container = spec
-                        .containers
-                        .iter()
-                        .chain(spec.init_containers.iter().flatten())
-                        .find(|s| s.name == name)
-                        .cloned();
+                    let name = c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("");
+                    let container = find_container(self.pod(), name).ok();
                     async move {
-                        self.stop_with_hook(container.as_ref(), &c.id, grace).await;
+                        self.stop_with_hook(container, &c.id, grace).await;
                     }
                 });
             futures_util::future::join_all(stops).await;
@@ -112,17 +115,7 @@ impl PodWorker {
         if let Some((id, _)) = self.sandbox.clone() {
             let grace = grace_secs.unwrap_or_else(|| self.grace()).max(0);
             self.stop_containers(&id, grace).await;
-            if let Err(e) = self
-                .ctx
-                .client
-                .runtime()
-                .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await
-            {
-                tracing::warn!(sandbox = %id, error = %e.message(), "StopPodSandbox failed");
-            }
+            self.stop_sandbox(&id).await;
             self.last_action = Instant::now();
             if let Err(e) = self.observe().await {
                 tracing::debug!(pod = %self.pod_ref(), error = %e, "observing an ended pod");
