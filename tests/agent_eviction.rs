@@ -89,6 +89,15 @@ fn wait_condition(a: &Agent, kind: &str, status: &str) -> Value {
     found
 }
 
+/// The first threshold of the `nodefs.available` signal in a `/node/reports` answer.
+fn nodefs_threshold(reports: &Value) -> Value {
+    reports["eviction"]["signals"]
+        .as_array()
+        .and_then(|v| v.iter().find(|s| s["signal"] == "nodefs.available"))
+        .map(|s| s["thresholds"][0].clone())
+        .unwrap_or(Value::Null)
+}
+
 fn phase(p: &Value) -> &str {
     p["status"]["phase"].as_str().unwrap_or("")
 }
@@ -208,9 +217,33 @@ async fn disk_pressure_evicts_best_effort_first_then_burstable_and_clears() {
         .collect();
     assert_eq!(order, ["default/be", "default/bu"]);
 
+    let (_, reports) = a.get("/node/reports");
+    assert_eq!(
+        nodefs_threshold(&reports)["met"],
+        true,
+        "still filled: {}",
+        reports["eviction"]
+    );
+
     // Freed: DiskPressure stays for the transition period (2 s, checked every 1 s), then goes.
+    // The first check that sees the threshold no longer met still reports the condition.
     std::fs::remove_file(&filler).expect("free");
     let freed = Instant::now();
+    let mut relieved = Value::Null;
+    a.wait(
+        "nodefs.available no longer met",
+        Duration::from_secs(30),
+        |a| {
+            relieved = a.get("/node/reports").1;
+            nodefs_threshold(&relieved)["met"] == false
+        },
+    );
+    assert_eq!(
+        relieved["eviction"]["conditions"],
+        serde_json::json!(["DiskPressure"]),
+        "DiskPressure kept through the transition period: {}",
+        relieved["eviction"]
+    );
     let cond = wait_condition(&a, "DiskPressure", "False");
     assert_eq!(cond["reason"], "KubeletHasNoDiskPressure");
     assert!(
