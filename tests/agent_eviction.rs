@@ -272,8 +272,30 @@ async fn soft_threshold_evicts_only_after_its_grace_period() {
     a.wait_pod("default", "be", "be running", |p| running(p, "main"));
     let size = fs.available().saturating_sub(8 << 20);
     std::fs::write(fs.path().join("filler"), vec![0u8; size as usize]).expect("fill");
-    wait_condition(&a, "DiskPressure", "True");
+    // The grace period counts from the first check that finds the threshold crossed: that
+    // check reports it met, its grace period not, and nobody evicted.
+    let mut first_met = Value::Null;
+    a.wait("the soft threshold met", Duration::from_secs(30), |a| {
+        first_met = a.get("/node/reports").1;
+        nodefs_threshold(&first_met)["met"] == true
+    });
     let pressure_at = Instant::now();
+    let soft = nodefs_threshold(&first_met);
+    assert_eq!(soft["kind"], "soft", "{soft}");
+    assert_eq!(soft["gracePeriodMet"], false, "{}", first_met["eviction"]);
+    assert_eq!(
+        first_met["eviction"]["evictions"],
+        serde_json::json!([]),
+        "{}",
+        first_met["eviction"]
+    );
+    assert_eq!(
+        first_met["eviction"]["conditions"],
+        serde_json::json!(["DiskPressure"]),
+        "DiskPressure as soon as the soft threshold is crossed: {}",
+        first_met["eviction"]
+    );
+    wait_condition(&a, "DiskPressure", "True");
     a.wait_pod("default", "be", "be evicted", evicted);
     let waited = pressure_at.elapsed();
     assert!(waited >= Duration::from_secs(3), "evicted after {waited:?}");
