@@ -98,6 +98,22 @@ fn nodefs_threshold(reports: &Value) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Eviction checks done so far.
+fn checks(a: &Agent) -> u64 {
+    a.get("/node/reports").1["eviction"]["checks"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Waits until the eviction manager has done `n` checks in all.
+fn wait_checks(a: &Agent, n: u64) {
+    a.wait(
+        &format!("{n} eviction checks"),
+        Duration::from_secs(60),
+        |a| checks(a) >= n,
+    );
+}
+
 fn phase(p: &Value) -> &str {
     p["status"]["phase"].as_str().unwrap_or("")
 }
@@ -341,8 +357,9 @@ async fn memory_pressure_refuses_best_effort_and_spares_critical_pods() {
             .is_some_and(|m| m.contains("The node had condition: [MemoryPressure]")),
         "{be}"
     );
-    // Several periods under pressure: the critical pod is never evicted.
-    std::thread::sleep(Duration::from_secs(4));
+    // Several checks under pressure (counted from now): the critical pod is never evicted.
+    let before = checks(&a);
+    wait_checks(&a, before + 3);
     let crit = a.pod("default", "crit").expect("crit");
     assert!(
         running(&crit, "main") && restarts(&crit, "main") == 0,
@@ -351,6 +368,7 @@ async fn memory_pressure_refuses_best_effort_and_spares_critical_pods() {
     let (_, reports) = a.get("/node/reports");
     let ev = &reports["eviction"];
     assert!(ev["checks"].as_u64() >= Some(4), "{ev}");
+    assert!(ev["checks"].as_u64() >= Some(before + 3), "{ev}");
     assert_eq!(ev["conditions"], serde_json::json!(["MemoryPressure"]));
     assert_eq!(ev["evictions"], serde_json::json!([]));
     let memory = ev["signals"]
@@ -464,8 +482,21 @@ async fn pods_over_local_storage_limits_are_evicted() {
         p["status"]["message"],
         "Pod ephemeral local storage usage exceeds the total limit of containers 1Mi. "
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // Checks after the third eviction leave the pod within its limits running.
+    let before = checks(&a);
+    wait_checks(&a, before + 3);
     let within = a.pod("default", "within").expect("within");
     assert!(running(&within, "main"), "{within}");
+    let (_, reports) = a.get("/node/reports");
+    let evicted_pods: Vec<&str> = reports["eviction"]["evictions"]
+        .as_array()
+        .expect("evictions")
+        .iter()
+        .filter_map(|e| e["pod"].as_str())
+        .collect();
+    assert!(
+        !evicted_pods.contains(&"default/within"),
+        "{evicted_pods:?}"
+    );
     a.finish().await;
 }

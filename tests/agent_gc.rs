@@ -111,6 +111,22 @@ async fn node_limit_removes_dead_containers_the_pod_worker_keeps() {
     a.finish().await;
 }
 
+/// A counter of `/gc` (`image_passes`, `container_passes`, ...).
+fn gc_counter(a: &Agent, name: &str) -> u64 {
+    let (code, gc) = a.get("/gc");
+    assert_eq!(code, 200, "/gc: {gc}");
+    gc[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} in /gc: {gc}"))
+}
+
+/// Waits until the `/gc` counter `name` reaches `n`.
+fn wait_gc_counter(a: &Agent, name: &str, n: u64) {
+    a.wait(&format!("{name} >= {n}"), Duration::from_secs(60), |a| {
+        a.get("/gc").1[name].as_u64() >= Some(n)
+    });
+}
+
 async fn image_ids(c: &berth::client::CriClient) -> Vec<String> {
     common::list(c).await.into_iter().map(|i| i.id).collect()
 }
@@ -150,11 +166,17 @@ async fn unused_images_are_collected_above_the_threshold_and_used_ones_stay() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("unused images collected in {:?}", started.elapsed());
-    // More passes leave the image the running pod uses.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // More passes (counted from now) leave the image the running pod uses.
+    let passes = gc_counter(&a, "image_passes");
+    wait_gc_counter(&a, "image_passes", passes + 3);
     assert!(
         image_ids(&c).await.contains(&busybox),
         "busybox in use was removed"
+    );
+    let gc = a.get("/gc").1;
+    assert!(
+        gc["images_removed"].as_u64() >= Some(extra.len() as u64),
+        "{gc}"
     );
     let pod = a.pod("default", "busy").expect("pod");
     assert!(running(&pod, "main"), "{pod}");
@@ -182,11 +204,15 @@ async fn images_stay_below_the_high_threshold() {
     );
     let c = a.daemon.client().await;
     let id = pull(&c, &image("layers")).await.expect("pull");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Passes that all began after the pull.
+    let passes = gc_counter(&a, "image_passes");
+    wait_gc_counter(&a, "image_passes", passes + 3);
     assert!(
         image_ids(&c).await.contains(&id),
         "an unused image was removed below the {high}% threshold"
     );
+    let gc = a.get("/gc").1;
+    assert_eq!(gc["images_removed"], 0, "{gc}");
     a.finish().await;
 }
 
@@ -330,7 +356,8 @@ async fn a_finished_init_container_is_kept_so_it_does_not_run_again() {
     let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
     let c = a.daemon.client().await;
     // Several GC passes later the init container's only instance is still there, and it ran once.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let passes = gc_counter(&a, "container_passes");
+    wait_gc_counter(&a, "container_passes", passes + 3);
     let prep: Vec<(u32, i32)> = containers(&c)
         .await
         .into_iter()
