@@ -676,6 +676,18 @@ async fn a_sandbox_stopped_behind_the_agents_back_is_recreated() {
     a.finish().await;
 }
 
+/// Waits until the node status was computed twice more (so once wholly after this call) and
+/// `/node` answers.
+fn wait_fresh_node_status(a: &Agent) {
+    let computed = |a: &Agent| a.get("/node/reports").1["computed"].as_u64();
+    let before = computed(a).expect("computed in /node/reports");
+    a.wait(
+        "a node status computed after the pulls",
+        Duration::from_secs(20),
+        |a| computed(a) >= Some(before + 2) && a.get("/node").0 == 200,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_status_max_images_all_none_and_largest_first() {
     let refs = [image("busybox"), image("layers"), image("large")];
@@ -710,6 +722,23 @@ async fn node_status_max_images_all_none_and_largest_first() {
             .any(|n| n.as_str().is_some_and(|n| n.contains("large")))),
         "{listed:?}"
     );
+    let all = listed;
+    a.finish().await;
+    drop(a);
+    // 2: the two largest of the three (the default, 50, would list all three).
+    let a = Agent::start_with_config(&[], "node_status_max_images = 2\n");
+    let c = a.daemon.client().await;
+    for r in &refs {
+        common::pull(&c, r).await.expect("pull");
+    }
+    wait_fresh_node_status(&a);
+    let two = images_of(&a).expect("/node");
+    let key = |i: &Value| (i["names"].clone(), i["sizeBytes"].clone());
+    assert_eq!(
+        two.iter().map(key).collect::<Vec<_>>(),
+        all[..2].iter().map(key).collect::<Vec<_>>(),
+        "the two largest of {all:?}"
+    );
     a.finish().await;
     drop(a);
     // 0: none; and a drop-in file from --config-dir overrides the config file, a flag both.
@@ -736,8 +765,8 @@ async fn node_status_max_images_all_none_and_largest_first() {
     let (code, z) = a.get("/configz");
     assert_eq!(code, 200);
     assert_eq!(z["agent"]["node_status_max_images"], 0);
-    a.wait("/node", Duration::from_secs(20), |a| images_of(a).is_some());
-    std::thread::sleep(Duration::from_secs(1));
+    // A node status computed wholly after the pull lists nothing.
+    wait_fresh_node_status(&a);
     assert_eq!(images_of(&a), Some(Vec::new()));
     a.finish().await;
 }
