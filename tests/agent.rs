@@ -129,9 +129,8 @@ async fn failing_container_crash_loops_with_growing_back_off() {
         "crash",
         "three restarts in CrashLoopBackOff",
         |p| {
-            if waiting_reason(p, "main") == "CrashLoopBackOff"
-                && let Some(m) = container(p, "main")["state"]["waiting"]["message"].as_str()
-            {
+            if waiting_reason(p, "main") == "CrashLoopBackOff" {
+                let m = waiting_message(p, "main");
                 messages.insert(m.split(" restarting").next().unwrap_or("").to_string());
             }
             restarts(p, "main") >= 4 && waiting_reason(p, "main") == "CrashLoopBackOff"
@@ -148,7 +147,7 @@ async fn failing_container_crash_loops_with_growing_back_off() {
         pod["status"]["phase"], "Running",
         "restartPolicy Always keeps the pod Running"
     );
-    let msg = st["state"]["waiting"]["message"].as_str().unwrap_or("");
+    let msg = waiting_message(&pod, "main");
     assert!(
         msg.contains("back-off 4s"),
         "the back-off doubled to its 4 s cap: {msg}"
@@ -299,12 +298,8 @@ async fn readiness_probes_flip_ready() {
         "False"
     );
     let c = a.daemon.client().await;
-    let id = containers(&c)
-        .await
-        .into_iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "main"))
-        .expect("main")
-        .id;
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    let id = running_container(&c, uid, "main").await;
     common::exec_ok(&c, &id, &["touch", "/tmp/ready"]).await;
     a.wait_pod("default", "ready", "main ready", |p| {
         container(p, "main")["ready"] == true && condition(p, "Ready") == "True"
@@ -588,19 +583,15 @@ async fn volumes_empty_dir_handoff_memory_medium_and_host_path() {
             mounts,
         ),
     );
-    a.wait_pod("default", "vols", "vols running", |p| running(p, "main"));
+    let p = a.wait_pod("default", "vols", "vols running", |p| running(p, "main"));
     a.wait(
         "the handed-over file on the host",
         Duration::from_secs(20),
         |_| std::fs::read_to_string(host_dir.join("seen")).is_ok_and(|t| t.trim() == "handed-over"),
     );
     let c = a.daemon.client().await;
-    let id = containers(&c)
-        .await
-        .into_iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "main"))
-        .expect("main")
-        .id;
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    let id = running_container(&c, uid, "main").await;
     let mounts = common::exec_ok(&c, &id, &["cat", "/proc/mounts"]).await;
     let cache = mounts
         .lines()
@@ -816,10 +807,7 @@ async fn an_env_value_without_a_source_is_a_create_container_config_error() {
     let p = a.wait_pod("default", "secret", "CreateContainerConfigError", |p| {
         waiting_reason(p, "main") == "CreateContainerConfigError"
     });
-    let message = container(&p, "main")["state"]["waiting"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = waiting_message(&p, "main");
     assert!(
         message.contains("TOKEN") && message.contains("API server"),
         "{message}"
@@ -862,10 +850,7 @@ async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_mess
     let p = a.wait_pod("default", "badcap", "CreateContainerError", |p| {
         waiting_reason(p, "main") == "CreateContainerError"
     });
-    let message = container(&p, "main")["state"]["waiting"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = waiting_message(&p, "main");
     assert!(message.contains("NOT_A_CAPABILITY"), "{message}");
     let attempts = |a: &Agent| {
         a.daemon
@@ -883,10 +868,7 @@ async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_mess
     let p = a.wait_pod("default", "noexec", "the missing binary reported", |p| {
         waiting_reason(p, "main") == "CreateContainerError"
     });
-    let message = container(&p, "main")["state"]["waiting"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = waiting_message(&p, "main");
     assert!(
         message.contains("executable '/no/such/binary' not found"),
         "{message}"

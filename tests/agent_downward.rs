@@ -103,12 +103,7 @@ async fn downward_api_volumes_and_env() {
     let pod = a.wait_pod("default", "dw", "dw running", |p| running(p, "main"));
     let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
     let c = a.daemon.client().await;
-    let id = containers(&c)
-        .await
-        .into_iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "main"))
-        .expect("main")
-        .id;
+    let id = running_container(&c, &uid, "main").await;
     let cat = |file: &'static str| {
         let (c, id) = (c.clone(), id.clone());
         async move { common::exec_ok(&c, &id, &["cat", file]).await }
@@ -173,13 +168,10 @@ async fn item_paths_leaving_the_volume_are_refused_and_nothing_is_written() {
     let mounts = "    volumeMounts:\n    - {name: bad, mountPath: /bad}\n";
     a.write("evil.yaml", &pod_yaml("evil", "sleep 3600", spec, mounts));
     let p = a.wait_pod("default", "evil", "the volume refused", |p| {
-        container(p, "main")["state"]["waiting"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("../escape"))
+        waiting_message(p, "main").contains("../escape")
     });
-    let waiting = &container(&p, "main")["state"]["waiting"];
     assert_eq!(
-        waiting["message"],
+        waiting_message(&p, "main"),
         "MountVolume.SetUp failed: volume \"bad\": downwardAPI item \"../escape\": path \"../escape\" must not contain '..'",
         "{p}"
     );

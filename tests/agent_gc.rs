@@ -256,15 +256,7 @@ async fn no_swap_bounds_memory_plus_swap_at_the_memory_limit() {
     assert_eq!(pod["status"]["qosClass"], "Burstable");
     let uid = pod["metadata"]["uid"].as_str().expect("uid");
     let c = a.daemon.client().await;
-    let id = containers(&c)
-        .await
-        .into_iter()
-        .find(|ct| {
-            ct.state == RUNNING
-                && ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid)
-        })
-        .expect("the running container")
-        .id;
+    let id = running_container(&c, uid, "main").await;
     let (file, value) = swap_limit_of(&c, &id).await;
     let want = if file.ends_with("memory.swap.max") {
         "0".to_string()

@@ -118,18 +118,26 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
-#[test]
-fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
-    let bus = Bus::start("apply");
-    // SAFETY: set before any other thread of this test process exists (a plain #[test], the
-    // tokio runtime is made below, and nextest runs each test in its own process); berthd
-    // inherits it.
+/// The bus and stand-in (`reload` as in `Bus::start`), a tokio runtime and an agent on that
+/// bus, once berthd holds its delay inhibitor lock. Call it first thing in a test: it sets the
+/// environment berthd inherits.
+fn start(reload: &str) -> (Bus, tokio::runtime::Runtime, Agent) {
+    let bus = Bus::start(reload);
+    // SAFETY: set before any other thread of this test process exists (each test calls this
+    // first, in a plain #[test]; the tokio runtime is made below, and nextest runs each test in
+    // its own process); berthd inherits it.
     unsafe { std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", bus.address()) };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let a = Agent::start_with_config(&[], &bus.agent_config());
     wait_for("berthd's delay inhibitor lock", || {
         bus.log().contains("inhibit shutdown berth delay")
     });
+    (bus, rt, a)
+}
+
+#[test]
+fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
+    let (bus, rt, a) = start("apply");
     // logind's 5 s were shorter than the 6 s grace period: berthd raised them with a drop-in
     // and a reload before taking the lock.
     let drop_in = std::fs::read_to_string(bus.conf_dir().join(berth::agent::logind::DROP_IN))
@@ -177,14 +185,7 @@ fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
 
 #[test]
 fn a_logind_that_keeps_a_short_inhibit_delay_is_warned_about() {
-    let bus = Bus::start("ignore");
-    // SAFETY: as in the test above: no other thread exists yet and berthd inherits it.
-    unsafe { std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", bus.address()) };
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let a = Agent::start_with_config(&[], &bus.agent_config());
-    wait_for("berthd's delay inhibitor lock", || {
-        bus.log().contains("inhibit shutdown berth delay")
-    });
+    let (bus, rt, a) = start("ignore");
     assert!(bus.log().contains("kill systemd-logind.service main 1"));
     wait_for("the warning", || {
         a.daemon

@@ -375,20 +375,6 @@ async fn http_probes_follow_redirects_on_the_same_host_only() {
     a.finish().await;
 }
 
-/// The id of the running instance of container `name` of pod `uid`.
-async fn running_container(c: &berth::client::CriClient, uid: &str, name: &str) -> String {
-    containers(c)
-        .await
-        .into_iter()
-        .find(|ct| {
-            ct.state == k8s_cri::v1::ContainerState::ContainerRunning as i32
-                && ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid)
-                && ct.metadata.as_ref().is_some_and(|m| m.name == name)
-        })
-        .map(|ct| ct.id)
-        .unwrap_or_else(|| panic!("a running {name} in pod {uid}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_probe_gates_liveness_and_readiness_and_restarts_when_it_fails() {
     let a = Agent::start();

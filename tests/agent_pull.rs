@@ -10,7 +10,6 @@ use std::process::Command;
 
 use agent_support::*;
 use common::{image, registry_storage};
-use k8s_cri::v1 as cri;
 use serde_json::Value;
 
 /// A repository of its own on the test registry, removed from the registry's storage on drop.
@@ -66,10 +65,6 @@ fn crashing_pod(name: &str, image: &str, policy: &str) -> String {
     )
 }
 
-fn restarts_of(p: &Value) -> i64 {
-    container(p, "main")["restartCount"].as_i64().unwrap_or(0)
-}
-
 fn image_id(p: &Value) -> String {
     container(p, "main")["imageID"]
         .as_str()
@@ -79,18 +74,7 @@ fn image_id(p: &Value) -> String {
 
 /// The id (config digest) of `reference` as the runtime has it.
 async fn local_image_id(c: &berth::client::CriClient, reference: &str) -> Option<String> {
-    c.images()
-        .image_status(cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: reference.to_string(),
-                ..Default::default()
-            }),
-            verbose: false,
-        })
-        .await
-        .ok()
-        .and_then(|r| r.into_inner().image)
-        .map(|i| i.id)
+    common::status(c, reference).await.map(|i| i.id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,10 +93,10 @@ async fn always_repulls_a_moved_tag_and_if_not_present_keeps_the_node_s_image() 
         &crashing_pod("ifnp", &repo.reference("ifnp"), "IfNotPresent"),
     );
     let always = a.wait_pod("default", "always", "always ran once", |p| {
-        restarts_of(p) >= 1 && !image_id(p).is_empty()
+        restarts(p, "main") >= 1 && !image_id(p).is_empty()
     });
     let ifnp = a.wait_pod("default", "ifnp", "ifnp ran once", |p| {
-        restarts_of(p) >= 1 && !image_id(p).is_empty()
+        restarts(p, "main") >= 1 && !image_id(p).is_empty()
     });
     let old_id = image_id(&always);
     assert_eq!(image_id(&ifnp), old_id, "the same image under both tags");
@@ -129,12 +113,12 @@ async fn always_repulls_a_moved_tag_and_if_not_present_keeps_the_node_s_image() 
     // Both tags move to another image in the registry.
     repo.tag("always", "layers:latest");
     repo.tag("ifnp", "layers:latest");
-    let (always_at, ifnp_at) = (restarts_of(&always), restarts_of(&ifnp));
+    let (always_at, ifnp_at) = (restarts(&always, "main"), restarts(&ifnp, "main"));
     let always = a.wait_pod("default", "always", "always on the moved tag", |p| {
-        restarts_of(p) > always_at && !image_id(p).is_empty() && image_id(p) != old_id
+        restarts(p, "main") > always_at && !image_id(p).is_empty() && image_id(p) != old_id
     });
     let ifnp = a.wait_pod("default", "ifnp", "ifnp restarted twice more", |p| {
-        restarts_of(p) >= ifnp_at + 2
+        restarts(p, "main") >= ifnp_at + 2
     });
     assert_eq!(
         image_id(&ifnp),
@@ -165,12 +149,9 @@ async fn never_waits_for_the_image_to_be_on_the_node() {
         &pod_yaml_with_image("never", &reference, "Never"),
     );
     let p = a.wait_pod("default", "never", "ErrImageNeverPull", |p| {
-        container(p, "main")["state"]["waiting"]["reason"] == "ErrImageNeverPull"
+        waiting_reason(p, "main") == "ErrImageNeverPull"
     });
-    let message = container(&p, "main")["state"]["waiting"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = waiting_message(&p, "main");
     assert_eq!(
         message,
         format!("Container image \"{reference}\" is not present with pull policy of Never")
@@ -183,17 +164,10 @@ async fn never_waits_for_the_image_to_be_on_the_node() {
     );
 
     // Once the image is on the node (pulled by someone else), the pod runs.
-    c.images()
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec {
-                image: reference.clone(),
-                ..Default::default()
-            }),
-            auth: None,
-            sandbox_config: None,
-        })
+    let pulled = common::pull(&c, &reference)
         .await
         .expect("pull through CRI");
+    assert_eq!(local_image_id(&c, &reference).await, Some(pulled));
     a.wait_pod("default", "never", "never running", |p| running(p, "main"));
     a.finish().await;
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use agent_support::*;
 use common::image;
-use k8s_cri::v1 as cri;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_pod_settings_reach_the_pod() {
@@ -31,15 +30,7 @@ async fn manifest_pod_settings_reach_the_pod() {
     });
     let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
     let c = a.daemon.client().await;
-    let id = containers(&c)
-        .await
-        .into_iter()
-        .find(|ct| {
-            ct.state == cri::ContainerState::ContainerRunning as i32
-                && ct.labels.get("io.kubernetes.pod.uid") == Some(&uid)
-        })
-        .expect("the running container")
-        .id;
+    let id = running_container(&c, &uid, "main").await;
     let out = common::exec_ok(
         &c,
         &id,

@@ -280,6 +280,27 @@ pub fn waiting_reason(pod: &Value, name: &str) -> String {
         .to_string()
 }
 
+pub fn waiting_message(pod: &Value, name: &str) -> String {
+    container(pod, name)["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The id of the running instance of container `name` of pod `uid`.
+pub async fn running_container(c: &berth::client::CriClient, uid: &str, name: &str) -> String {
+    containers(c)
+        .await
+        .into_iter()
+        .find(|ct| {
+            ct.state == cri::ContainerState::ContainerRunning as i32
+                && ct.labels.get("io.kubernetes.pod.uid").map(String::as_str) == Some(uid)
+                && ct.metadata.as_ref().is_some_and(|m| m.name == name)
+        })
+        .map(|ct| ct.id)
+        .unwrap_or_else(|| panic!("a running {name} in pod {uid}"))
+}
+
 pub fn log_dir(a: &Agent, pod: &Value) -> PathBuf {
     a.logs.path().join(format!(
         "{}_{}_{}",
