@@ -135,6 +135,25 @@ fn start(reload: &str) -> (Bus, tokio::runtime::Runtime, Agent) {
     (bus, rt, a)
 }
 
+/// The Unix time (seconds) on the stand-in's log line starting with `event` (`prepare True`,
+/// `released`).
+fn logged_at(log: &str, event: &str) -> f64 {
+    log.lines()
+        .find(|l| l.starts_with(event))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{event} with a time in {log}"))
+}
+
+/// When container `main` of `pod` finished (Unix seconds; the API's whole seconds).
+fn finished_at(pod: &serde_json::Value) -> i64 {
+    let at = &container(pod, "main")["state"]["terminated"]["finishedAt"];
+    at.as_str()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|t| t.as_second())
+        .unwrap_or_else(|| panic!("finishedAt in {pod}"))
+}
+
 #[test]
 fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
     let (bus, rt, a) = start("apply");
@@ -163,18 +182,46 @@ fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
     assert!(!bus.log().contains("released"), "{}", bus.log());
 
     bus.prepare_for_shutdown();
-    // The regular pod ends first while the lock is still held.
+    // The regular pod ends first while the lock is still held (its Failed status is published
+    // before the critical group starts, and that group lasts its 2 s share: the critical
+    // container ignores SIGTERM).
     a.wait_pod("default", "regular", "regular ended", |p| {
         p["status"]["phase"] == "Failed"
     });
     assert!(!bus.log().contains("released"), "{}", bus.log());
     wait_for("the lock released", || bus.log().contains("released"));
     // By then every pod has ended, the critical one last.
+    let mut pods = Vec::new();
     for name in ["regular", "critical"] {
         let p = a.pod("default", name).expect("pod");
         assert_eq!(p["status"]["phase"], "Failed", "{name}: {p}");
         assert_eq!(p["status"]["reason"], "Terminated", "{name}: {p}");
+        pods.push(p);
     }
+    let (regular, critical) = (&pods[0], &pods[1]);
+    let exit =
+        |p: &serde_json::Value| container(p, "main")["state"]["terminated"]["exitCode"].as_i64();
+    assert_eq!(exit(regular), Some(0), "stopped on SIGTERM: {regular}");
+    assert_eq!(
+        exit(critical),
+        Some(137),
+        "killed at the end of its share: {critical}"
+    );
+    let log = bus.log();
+    let (prepared, released) = (logged_at(&log, "prepare True"), logged_at(&log, "released"));
+    let (regular_end, critical_end) = (finished_at(regular), finished_at(critical));
+    assert!(
+        prepared.floor() as i64 <= regular_end,
+        "the regular pod ended after the announcement: {prepared} {regular}"
+    );
+    assert!(
+        regular_end <= critical_end,
+        "the critical pod ended last: {regular} {critical}"
+    );
+    assert!(
+        critical_end as f64 <= released,
+        "the lock released after the critical pod ended: {released} {critical}"
+    );
     assert!(
         a.daemon
             .log()
