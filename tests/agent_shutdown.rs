@@ -71,6 +71,7 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
     assert_eq!(groups.len(), 2, "{report}");
     assert_eq!(groups[0]["pods"], serde_json::json!(["default/regular"]));
     assert_eq!(groups[0]["graceSecs"], 3);
+    assert_eq!(groups[0]["notEnded"], serde_json::json!([]));
     assert_eq!(groups[1]["pods"], serde_json::json!(["default/critical"]));
     assert_eq!(groups[1]["graceSecs"], 3);
     assert_eq!(groups[1]["notEnded"], serde_json::json!([]));
@@ -78,16 +79,14 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
         groups[0]["endedAfterMs"].as_u64().unwrap_or(0),
         groups[1]["endedAfterMs"].as_u64().unwrap_or(0),
     );
-    // The regular pod stopped on its own after about 1 s; the critical one was killed at the
-    // end of its 3 s share, not before.
+    // The regular pod stopped on its own after about 1 s (before its 3 s share ran out: it
+    // exited 0, checked below, not 137); the critical one was killed at the end of its 3 s
+    // share, not before.
+    assert!(first >= 900, "regular group ended after {first} ms");
     assert!(
-        (900..3500).contains(&first),
-        "regular group ended after {first} ms"
-    );
-    assert!(
-        second - first >= 2800,
+        second.saturating_sub(first) >= 2800,
         "critical group took {} ms",
-        second - first
+        second.saturating_sub(first)
     );
 
     for name in ["regular", "critical"] {
