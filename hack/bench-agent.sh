@@ -13,7 +13,9 @@ REG=${BERTH_TEST_REGISTRY:-127.0.0.1:5050}
 BIN=target/release
 [ -x "$BIN/berthd" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 work=$(mktemp -d /tmp/berth-bench-agent.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The agent endpoint's address, host:port: berthd picks a free port itself (--agent-address
+# 127.0.0.1:0) and writes it to $work/state/agent/endpoint once it listens.
+addr=
 sock=$work/state/berth.sock
 pid=
 # Disk thresholds at 1 %: a crowded build disk (under 15 % free) is under the kubelet's default
@@ -50,7 +52,8 @@ cleanup() {
     rm -f "$work"/manifests/*.yaml
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && {
         for _ in $(seq 300); do
-            [ "$(curl -s "127.0.0.1:$port/pods" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["items"]))' 2>/dev/null || echo 0)" = 0 ] && break
+            [ -n "$addr" ] || break
+            [ "$(curl -s "$addr/pods" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["items"]))' 2>/dev/null || echo 0)" = 0 ] && break
             sleep 0.1
         done
         stop
@@ -71,13 +74,20 @@ rss_off=$(rss_kib)
 stop
 
 mkdir -p "$work/manifests"
-start --manifest-dir "$work/manifests" --agent-address "127.0.0.1:$port"
+start --manifest-dir "$work/manifests" --agent-address 127.0.0.1:0
+for _ in $(seq 500); do
+    addr=$(tr -d '[:space:]' <"$work/state/agent/endpoint" 2>/dev/null || true)
+    [[ $addr =~ ^[0-9.]+:[0-9]+$ ]] && break
+    addr=
+    sleep 0.02
+done
+[ -n "$addr" ] || { echo "the agent endpoint did not come up; see $work/berthd.log" >&2; exit 1; }
 sleep 12   # the node status is computed once
 rss_on=$(rss_kib)
 
 cat >"$work/to-running.py" <<'PY'
 import json, os, statistics, sys, time, urllib.request
-d, port, n, img, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+d, addr, n, img, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 host = "true" if mode == "host" else "false"
 times = []
 for i in range(n):
@@ -92,7 +102,7 @@ for i in range(n):
     os.rename(tmp, os.path.join(d, f"{name}.yaml"))
     while True:
         try:
-            p = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/pods/default/{name}"))
+            p = json.load(urllib.request.urlopen(f"http://{addr}/pods/default/{name}"))
             cs = p["status"].get("containerStatuses", [])
             if cs and all("running" in c["state"] for c in cs):
                 break
@@ -104,7 +114,7 @@ times.sort()
 print(f"manifest -> Running, {mode} network (ms, {n} pods): p50 {statistics.median(times):.1f}  "
       f"p90 {times[int(len(times) * 0.9) - 1]:.1f}  min {times[0]:.1f}  max {times[-1]:.1f}")
 PY
-python3 "$work/to-running.py" "$work/manifests" "$port" "$N" "$REG/busybox" host
+python3 "$work/to-running.py" "$work/manifests" "$addr" "$N" "$REG/busybox" host
 
 sleep 5
 c0=$(cpu_ticks); t0=$(date +%s.%N)
@@ -117,4 +127,4 @@ echo "berthd RSS idle, agent off: $((rss_off / 1024)).$(( (rss_off % 1024) * 10 
 echo "berthd RSS idle, agent on (no pods): $((rss_on / 1024)).$(( (rss_on % 1024) * 10 / 1024 )) MiB"
 echo "berthd RSS with $N agent pods idle: $((rss_pods / 1024)).$(( (rss_pods % 1024) * 10 / 1024 )) MiB"
 echo "berthd CPU with $N agent pods idle over ${IDLE_SECS}s: ${cpu}% of a core"
-python3 "$work/to-running.py" "$work/manifests" "$port" "$N" "$REG/busybox" pod
+python3 "$work/to-running.py" "$work/manifests" "$addr" "$N" "$REG/busybox" pod
