@@ -76,7 +76,7 @@ stop
 mkdir -p "$work/manifests"
 start --manifest-dir "$work/manifests" --agent-address 127.0.0.1:0
 for _ in $(seq 500); do
-    addr=$(tr -d '[:space:]' <"$work/state/agent/endpoint" 2>/dev/null || true)
+    addr=$(tr -d '[:space:]' 2>/dev/null <"$work/state/agent/endpoint" || true)
     [[ $addr =~ ^[0-9.]+:[0-9]+$ ]] && break
     addr=
     sleep 0.02
