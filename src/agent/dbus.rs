@@ -43,6 +43,10 @@ const METHOD_RETURN: u8 = 2;
 const ERROR: u8 = 3;
 /// SIGNAL message type.
 pub const SIGNAL: u8 = 4;
+/// Largest message accepted (header fields plus body): logind's are a few hundred bytes.
+const MAX_MESSAGE: usize = 1 << 20;
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 * 1024;
 
 /// A value of one of the supported types.
 #[derive(Debug, Clone, PartialEq)]
@@ -233,6 +237,10 @@ impl Reader<'_> {
                 let sig = self.sig()?;
                 let mut chars = sig.chars();
                 match (chars.next(), chars.next()) {
+                    // No reply the agent reads nests variants; refusing them bounds the recursion.
+                    (Some('v'), None) => {
+                        return Err(DbusError::Malformed("variant inside a variant".into()));
+                    }
                     (Some(c), None) => Value::Variant(Box::new(self.value(c)?)),
                     _ => {
                         return Err(DbusError::Malformed(format!(
@@ -253,8 +261,13 @@ pub struct Connection {
     stream: UnixStream,
     address: String,
     serial: u32,
+    /// Bytes read and not yet taken as a line or message; reads go straight into it.
     inbuf: Vec<u8>,
-    infds: VecDeque<OwnedFd>,
+    /// Bytes read from the socket so far: the stream offset just past `inbuf`'s end.
+    received: u64,
+    /// Fds received and not yet claimed, each with the stream offset just past the bytes of
+    /// the read that carried it (the fds' message starts before that offset).
+    infds: VecDeque<(u64, OwnedFd)>,
     /// Messages read while waiting for a reply (signals), handed out by [`Connection::next`].
     pending: VecDeque<Message>,
 }
@@ -281,6 +294,7 @@ impl Connection {
             address: address.to_string(),
             serial: 0,
             inbuf: Vec::new(),
+            received: 0,
             infds: VecDeque::new(),
             pending: VecDeque::new(),
         };
@@ -342,26 +356,33 @@ impl Connection {
         }
     }
 
-    /// Reads more bytes (and any fds) from the socket.
+    /// Reads more bytes (and any fds) from the socket into `inbuf`.
     fn fill(&mut self) -> Result<(), DbusError> {
-        let mut buf = vec![0u8; 16 * 1024];
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(16))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-        let got = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
+        let start = self.inbuf.len();
+        self.inbuf.resize(start + READ_CHUNK, 0);
+        let read = {
+            let mut iov = [IoSliceMut::new(&mut self.inbuf[start..])];
             rustix::net::recvmsg(&self.stream, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)
-                .map_err(|e| self.io(e.into()))?
-                .bytes
         };
+        let got = match read {
+            Ok(r) => r.bytes,
+            Err(e) => {
+                self.inbuf.truncate(start);
+                return Err(self.io(e.into()));
+            }
+        };
+        self.inbuf.truncate(start + got);
+        self.received += got as u64;
         for msg in cmsg.drain() {
             if let RecvAncillaryMessage::ScmRights(rights) = msg {
-                self.infds.extend(rights);
+                self.infds.extend(rights.map(|fd| (self.received, fd)));
             }
         }
         if got == 0 {
             return Err(self.io(std::io::ErrorKind::UnexpectedEof.into()));
         }
-        self.inbuf.extend_from_slice(&buf[..got]);
         Ok(())
     }
 
@@ -376,37 +397,14 @@ impl Connection {
     ) -> Result<u32, DbusError> {
         self.serial += 1;
         let serial = self.serial;
-        let mut body = Writer { buf: Vec::new() };
-        for a in args {
-            body.value(a);
-        }
-        let signature: String = args.iter().map(Value::signature).collect();
-        let mut fields: Vec<(u8, Value)> = vec![
+        let fields = [
             (1, Value::Path(path.into())),
             (2, Value::Str(interface.into())),
             (3, Value::Str(member.into())),
             (6, Value::Str(destination.into())),
         ];
-        if !signature.is_empty() {
-            fields.push((8, Value::Sig(signature)));
-        }
-        let mut m = Writer { buf: Vec::new() };
-        m.buf.extend_from_slice(&[b'l', METHOD_CALL, 0, 1]);
-        m.u32(body.buf.len() as u32);
-        m.u32(serial);
-        let mut arr = Writer { buf: Vec::new() };
-        // Array elements are structs (8-aligned) relative to the message start: the array's
-        // content begins at offset 16, which is 8-aligned, so aligning within `arr` is exact.
-        for (code, v) in &fields {
-            arr.pad(8);
-            arr.buf.push(*code);
-            arr.value(&Value::Variant(Box::new(v.clone())));
-        }
-        m.u32(arr.buf.len() as u32);
-        m.buf.extend_from_slice(&arr.buf);
-        m.pad(8);
-        m.buf.extend_from_slice(&body.buf);
-        self.stream.write_all(&m.buf).map_err(|e| self.io(e))?;
+        let m = marshal(METHOD_CALL, serial, &fields, args);
+        self.stream.write_all(&m).map_err(|e| self.io(e))?;
         Ok(serial)
     }
 
@@ -477,8 +475,10 @@ impl Connection {
     fn read_message(&mut self) -> Result<Message, DbusError> {
         loop {
             if let Some(total) = self.complete_length()? {
+                // Stream offset just past the message.
+                let end = self.received - (self.inbuf.len() - total) as u64;
                 let bytes: Vec<u8> = self.inbuf.drain(..total).collect();
-                return self.parse(&bytes);
+                return self.parse(&bytes, end);
             }
             self.fill()?;
         }
@@ -497,16 +497,25 @@ impl Connection {
         let body_len = r.u32()? as usize;
         r.u32()?;
         let fields_len = r.u32()? as usize;
-        if body_len > 128 << 20 || fields_len > 128 << 20 {
+        if fields_len.saturating_add(body_len) > MAX_MESSAGE {
             return Err(DbusError::Malformed(format!(
-                "message of {body_len} + {fields_len} bytes"
+                "message of {fields_len} + {body_len} bytes (header fields + body) exceeds {MAX_MESSAGE}"
             )));
         }
         let total = (16 + fields_len).div_ceil(8) * 8 + body_len;
         Ok((self.inbuf.len() >= total).then_some(total))
     }
 
-    fn parse(&mut self, bytes: &[u8]) -> Result<Message, DbusError> {
+    /// Parses the message `bytes` that ended at stream offset `end`. It claims the fds that came
+    /// with it; fds that came before its end and that it does not claim are closed, so that
+    /// they are never handed to a later message.
+    fn parse(&mut self, bytes: &[u8], end: u64) -> Result<Message, DbusError> {
+        let mut came = Vec::new();
+        while self.infds.front().is_some_and(|(at, _)| *at <= end) {
+            if let Some((_, fd)) = self.infds.pop_front() {
+                came.push(fd);
+            }
+        }
         let mut r = Reader {
             buf: bytes,
             pos: 1,
@@ -556,14 +565,38 @@ impl Connection {
                 Err(_) => break,
             }
         }
-        for _ in 0..unix_fds {
-            match self.infds.pop_front() {
-                Some(fd) => m.fds.push(fd),
-                None => break,
-            }
-        }
+        came.truncate(unix_fds as usize);
+        m.fds = came;
         Ok(m)
     }
+}
+
+/// A whole little-endian message of type `kind` with the header `fields` (code, value) and the
+/// body `args` (the signature field is added when there are any).
+fn marshal(kind: u8, serial: u32, fields: &[(u8, Value)], args: &[Value]) -> Vec<u8> {
+    let mut body = Writer { buf: Vec::new() };
+    for a in args {
+        body.value(a);
+    }
+    let signature: String = args.iter().map(Value::signature).collect();
+    let signature = (!signature.is_empty()).then_some((8, Value::Sig(signature)));
+    let mut m = Writer { buf: Vec::new() };
+    m.buf.extend_from_slice(&[b'l', kind, 0, 1]);
+    m.u32(body.buf.len() as u32);
+    m.u32(serial);
+    let mut arr = Writer { buf: Vec::new() };
+    // Array elements are structs (8-aligned) relative to the message start: the array's
+    // content begins at offset 16, which is 8-aligned, so aligning within `arr` is exact.
+    for (code, v) in fields.iter().chain(&signature) {
+        arr.pad(8);
+        arr.buf.push(*code);
+        arr.value(&Value::Variant(Box::new(v.clone())));
+    }
+    m.u32(arr.buf.len() as u32);
+    m.buf.extend_from_slice(&arr.buf);
+    m.pad(8);
+    m.buf.extend_from_slice(&body.buf);
+    m.buf
 }
 
 /// Connects to a `unix:path=` or `unix:abstract=` address (the first usable of a `;` list).
@@ -628,6 +661,105 @@ mod tests {
             assert_eq!(&r.value(t).expect("value"), v);
         }
         assert_eq!(r.pos, w.buf.len());
+    }
+
+    #[test]
+    fn a_variant_inside_a_variant_is_refused() {
+        let mut w = Writer { buf: Vec::new() };
+        w.value(&Value::Variant(Box::new(Value::Variant(Box::new(
+            Value::U32(5),
+        )))));
+        let mut r = Reader {
+            buf: &w.buf,
+            pos: 0,
+            big_endian: false,
+        };
+        match r.value('v') {
+            Err(DbusError::Malformed(m)) => assert!(m.contains("variant inside"), "{m}"),
+            other => panic!("nested variant read as {other:?}"),
+        }
+    }
+
+    /// A connection over one end of a socket pair, without authentication (the tests write
+    /// messages into the other end).
+    fn pair() -> (Connection, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let c = Connection {
+            stream: ours,
+            address: "test".into(),
+            serial: 0,
+            inbuf: Vec::new(),
+            received: 0,
+            infds: VecDeque::new(),
+            pending: VecDeque::new(),
+        };
+        (c, theirs)
+    }
+
+    /// The fixed header of a message with `fields_len` bytes of header fields and `body_len`
+    /// of body.
+    fn header(fields_len: u32, body_len: u32) -> Vec<u8> {
+        let mut h = vec![b'l', SIGNAL, 0, 1];
+        h.extend_from_slice(&body_len.to_le_bytes());
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&fields_len.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn messages_over_one_mebibyte_are_refused() {
+        let (mut c, _peer) = pair();
+        // Exactly 1 MiB of header fields and body: waited for (incomplete), not refused.
+        c.inbuf = header(16, (1 << 20) - 16);
+        assert!(matches!(c.complete_length(), Ok(None)));
+        // One byte more, however it is split, or a huge field array: refused.
+        for (fields, body) in [(16, (1 << 20) - 15), (1 << 20, 1), (u32::MAX, u32::MAX)] {
+            c.inbuf = header(fields, body);
+            assert!(
+                matches!(c.complete_length(), Err(DbusError::Malformed(_))),
+                "{fields} + {body} accepted"
+            );
+        }
+    }
+
+    /// Sends `bytes` with `fds` attached in one sendmsg.
+    fn send_with_fds(to: &UnixStream, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        assert!(cmsg.push(SendAncillaryMessage::ScmRights(fds)));
+        let sent = rustix::net::sendmsg(
+            to,
+            &[std::io::IoSlice::new(bytes)],
+            &mut cmsg,
+            SendFlags::empty(),
+        )
+        .expect("sendmsg");
+        assert_eq!(sent, bytes.len());
+    }
+
+    #[test]
+    fn fds_no_message_claims_are_not_handed_to_later_ones() {
+        use std::os::fd::AsFd;
+        let (mut c, mut peer) = pair();
+        let member = |m: &str| (3, Value::Str(m.into()));
+        let file = std::fs::File::open("/dev/null").expect("/dev/null");
+        // A signal that declares no fds but comes with one ...
+        let stray = marshal(SIGNAL, 1, &[member("Stray")], &[Value::U32(1)]);
+        send_with_fds(&peer, &stray, &[file.as_fd()]);
+        // ... then one that declares an fd but sent none, then one that declares and sends two.
+        let claims = |n| [member("Claims"), (9, Value::U32(n))];
+        peer.write_all(&marshal(SIGNAL, 2, &claims(1), &[Value::Fd(0)]))
+            .expect("write");
+        let own = marshal(SIGNAL, 3, &claims(2), &[Value::Fd(0), Value::Fd(1)]);
+        send_with_fds(&peer, &own, &[file.as_fd(), file.as_fd()]);
+        let m = c.read_message().expect("stray");
+        assert_eq!((m.member.as_deref(), m.fds.len()), (Some("Stray"), 0));
+        let m = c.read_message().expect("without its fd");
+        assert_eq!((m.member.as_deref(), m.fds.len()), (Some("Claims"), 0));
+        let m = c.read_message().expect("with its fds");
+        assert_eq!((m.member.as_deref(), m.fds.len()), (Some("Claims"), 2));
+        assert!(c.infds.is_empty());
     }
 
     #[test]
