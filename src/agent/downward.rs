@@ -54,16 +54,7 @@ impl NodeAllocatable {
 
 /// `MemTotal` of `/proc/meminfo` in bytes.
 fn total_memory_bytes() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines().find_map(|l| {
-        let kib: f64 = l
-            .strip_prefix("MemTotal:")?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        Some(kib * 1024.0)
-    })
+    super::resources::proc_meminfo_bytes("MemTotal").map(|b| b as f64)
 }
 
 /// A `metadata.*` field of the pod: name, namespace, uid, all labels or annotations (one

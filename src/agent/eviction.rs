@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::AgentContext;
@@ -137,22 +136,10 @@ struct Manager {
 impl Manager {
     /// Where the signals are read now (the imagefs mountpoint asked from the runtime).
     async fn sources(&self) -> signals::Sources {
-        let imagefs = match self
-            .ctx
-            .client
-            .images()
-            .image_fs_info(cri::ImageFsInfoRequest {})
-            .await
-        {
-            Ok(r) => r
-                .into_inner()
-                .image_filesystems
-                .into_iter()
-                .find_map(|f| f.fs_id.map(|id| id.mountpoint))
-                .filter(|m| !m.is_empty())
-                .map(std::path::PathBuf::from),
+        let imagefs = match super::gc_images::image_fs_mountpoint(&self.ctx).await {
+            Ok(m) => Some(std::path::PathBuf::from(m)),
             Err(e) => {
-                tracing::debug!(error = %e.message(), "eviction: CRI ImageFsInfo failed; no imagefs signals");
+                tracing::debug!(error = %e, "eviction: no image filesystem from CRI; no imagefs signals");
                 None
             }
         };

@@ -149,18 +149,10 @@ pub fn to_reclaim<'a>(thresholds: &'a [Threshold], actionable: &[usize]) -> Opti
 /// A request of a container for `resource` (bytes), defaulting to its limit as the API server
 /// does; 0 when none.
 fn container_request(c: &k8s_openapi::api::core::v1::Container, resource: &str) -> u64 {
-    let r = c.resources.as_ref();
-    let get = |m: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >| {
-        m.and_then(|m| m.get(resource))
-            .and_then(|q| super::resources::parse_quantity(&q.0))
-    };
-    get(r.and_then(|r| r.requests.as_ref()))
-        .or_else(|| get(r.and_then(|r| r.limits.as_ref())))
+    use super::resources::get;
+    c.resources
+        .as_ref()
+        .and_then(|r| get(&r.requests, resource).or_else(|| get(&r.limits, resource)))
         .map_or(0, |v| v.max(0.0) as u64)
 }
 

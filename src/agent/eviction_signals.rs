@@ -250,13 +250,8 @@ fn memory(capacity: u64) -> Option<Observation> {
             capacity,
         });
     }
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = text.lines().find_map(|l| {
-        let rest = l.strip_prefix("MemAvailable:")?;
-        rest.split_whitespace().next()?.parse().ok()
-    })?;
     Some(Observation {
-        available: kib * 1024,
+        available: super::resources::proc_meminfo_bytes("MemAvailable")?,
         capacity,
     })
 }

@@ -129,7 +129,7 @@ pub fn images_in_use(images: &[cri::Image], containers: &[cri::Container]) -> Ha
 }
 
 /// The image filesystem's mount point, from CRI ImageFsInfo.
-async fn image_fs_mountpoint(ctx: &AgentContext) -> Result<String, String> {
+pub(super) async fn image_fs_mountpoint(ctx: &AgentContext) -> Result<String, String> {
     let info = ctx
         .client
         .images()
@@ -142,15 +142,6 @@ async fn image_fs_mountpoint(ctx: &AgentContext) -> Result<String, String> {
         .find_map(|f| f.fs_id.map(|id| id.mountpoint))
         .filter(|m| !m.is_empty())
         .ok_or_else(|| "ImageFsInfo named no image filesystem".to_string())
-}
-
-/// Capacity and available bytes of the filesystem holding `path`.
-fn fs_space(path: &str) -> Result<(u64, u64), String> {
-    let st = rustix::fs::statvfs(path).map_err(|e| format!("statvfs {path}: {e}"))?;
-    Ok((
-        st.f_blocks.saturating_mul(st.f_frsize),
-        st.f_bavail.saturating_mul(st.f_frsize),
-    ))
 }
 
 async fn list_images(ctx: &AgentContext) -> Result<Vec<cri::Image>, String> {
@@ -198,7 +189,10 @@ pub(super) async fn detect_images(ctx: &AgentContext) -> Result<Vec<ImageCandida
 async fn image_pass_inner(ctx: &AgentContext) -> Result<(), String> {
     let candidates = detect_images(ctx).await?;
     let mountpoint = image_fs_mountpoint(ctx).await?;
-    let (capacity, available) = fs_space(&mountpoint)?;
+    let space = super::eviction_signals::fs_stats(std::path::Path::new(&mountpoint))
+        .ok_or_else(|| format!("statvfs of the image filesystem {mountpoint} failed"))?
+        .bytes;
+    let (capacity, available) = (space.capacity, space.available);
     let cfg = &ctx.config;
     let amount = bytes_to_free(
         capacity,

@@ -47,7 +47,7 @@ impl NodeIdentity {
                 .unwrap_or_else(|| hostname.to_lowercase()),
             hostname,
             internal_ip: internal_ip().unwrap_or_default(),
-            memory_bytes: meminfo("MemTotal").unwrap_or(0),
+            memory_bytes: super::resources::proc_meminfo_bytes("MemTotal").unwrap_or(0),
         }
     }
 }
@@ -58,16 +58,6 @@ fn internal_ip() -> Option<String> {
     s.connect("192.0.2.1:9").ok()?;
     let ip = s.local_addr().ok()?.ip();
     (!ip.is_unspecified()).then(|| ip.to_string())
-}
-
-/// A `/proc/meminfo` field in bytes.
-fn meminfo(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
-        let kib: u64 = rest.split_whitespace().next()?.parse().ok()?;
-        Some(kib * 1024)
-    })
 }
 
 fn read_trimmed(path: &str) -> String {

@@ -34,7 +34,8 @@ pub fn parse_quantity(q: &str) -> Option<f64> {
     q.parse::<f64>().ok().filter(|n| n.is_finite())
 }
 
-fn get(map: &Option<BTreeMap<String, Quantity>>, key: &str) -> Option<f64> {
+/// The quantity `key` of a requests or limits map, parsed (None when absent or malformed).
+pub(super) fn get(map: &Option<BTreeMap<String, Quantity>>, key: &str) -> Option<f64> {
     map.as_ref()?.get(key).and_then(|q| parse_quantity(&q.0))
 }
 
@@ -154,10 +155,7 @@ pub fn detect_node_swap(behavior: SwapBehavior) -> NodeSwap {
 }
 
 fn node_swap_facts(behavior: SwapBehavior) -> NodeSwap {
-    let swap_capacity = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| meminfo_bytes(&t, "SwapTotal"))
-        .unwrap_or(0);
+    let swap_capacity = proc_meminfo_bytes("SwapTotal").unwrap_or(0);
     NodeSwap {
         behavior,
         swap_capacity,
@@ -166,13 +164,20 @@ fn node_swap_facts(behavior: SwapBehavior) -> NodeSwap {
     }
 }
 
-/// A `/proc/meminfo` field (`SwapTotal:  1024 kB`) in bytes.
+/// A `/proc/meminfo` field (`SwapTotal:  1024 kB`) in bytes (None when absent, malformed or
+/// too large for a u64).
 pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
     meminfo.lines().find_map(|l| {
         let rest = l.strip_prefix(field)?.strip_prefix(':')?;
         let kib: u64 = rest.split_whitespace().next()?.parse().ok()?;
-        Some(kib * 1024)
+        kib.checked_mul(1024)
     })
+}
+
+/// A field of this machine's `/proc/meminfo` in bytes (None when unreadable or absent).
+pub fn proc_meminfo_bytes(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo_bytes(&text, field)
 }
 
 /// Whether `/sys/fs/cgroup` is the unified cgroup v2 hierarchy (not v1 or hybrid).
@@ -490,6 +495,11 @@ mod tests {
         let meminfo = "MemTotal:       16384 kB\nSwapTotal:       2048 kB\nSwapFree: 0 kB\n";
         assert_eq!(meminfo_bytes(meminfo, "SwapTotal"), Some(2048 * 1024));
         assert_eq!(meminfo_bytes(meminfo, "Swap"), None);
+        assert_eq!(
+            meminfo_bytes("MemTotal: 18446744073709551615 kB\n", "MemTotal"),
+            None,
+            "a size beyond u64 is refused, not wrapped"
+        );
         assert_eq!(
             unified_cgroup("0::/system.slice/berthd.service\n").as_deref(),
             Some("system.slice/berthd.service")
