@@ -98,16 +98,16 @@ impl PodWorker {
                 runtime_name: &runtime,
             });
             let state = st.state.clone().unwrap_or_default();
+            // Stopped: terminated now, or waiting after a terminated instance.
+            let terminated = state
+                .terminated
+                .as_ref()
+                .or_else(|| st.last_state.as_ref().and_then(|l| l.terminated.as_ref()));
             if state.running.is_some() {
                 counts.running += 1;
-            } else if let Some(term) = &state.terminated {
+            } else if let Some(term) = terminated {
                 counts.stopped += 1;
                 if term.exit_code == 0 {
-                    counts.succeeded += 1;
-                }
-            } else if let Some(last) = st.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
-                counts.stopped += 1;
-                if last.exit_code == 0 {
                     counts.succeeded += 1;
                 }
             } else {
@@ -123,14 +123,13 @@ impl PodWorker {
         };
         let sandbox_ready = self.sandbox.is_some();
         let initialized = !init_pending || self.init_failed;
-        let conditions = vec![
+        let mut conditions = vec![
             self.condition("PodReadyToStartContainers", sandbox_ready),
             self.condition("Initialized", initialized),
             self.condition("Ready", all_ready && phase == "Running"),
             self.condition("ContainersReady", all_ready && phase == "Running"),
             self.condition("PodScheduled", true),
         ];
-        let mut conditions = conditions;
         if let Some((reason, message)) = self.ended.clone()
             && (reason == "Evicted" || reason == crate::agent::shutdown::REASON)
             && self.admitted
