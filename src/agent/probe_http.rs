@@ -1,7 +1,7 @@
 //! httpGet probes: one GET over HTTP or HTTPS (certificates not verified), following
 //! redirects on the same host as the kubelet does.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::HTTPGetAction;
@@ -220,22 +220,33 @@ async fn get(target: &Target, headers: &[(String, String)]) -> Result<Reply, Str
     }
 }
 
-/// TLS over `tcp` without verifying the server's certificate, as the kubelet's HTTPS probes do.
-async fn tls_handshake(
-    tcp: tokio::net::TcpStream,
-    host: &str,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+/// The TLS client configuration of every HTTPS probe (built once): no certificate verification
+/// (see [`AcceptAnyCertificate`]), no client certificate, no session resumption; the error of a
+/// failed setup otherwise.
+static PROBE_TLS: LazyLock<Result<Arc<rustls::ClientConfig>, String>> = LazyLock::new(|| {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup: {e}"))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
         .with_no_client_auth();
+    // Every probe a full handshake, as when each built its own configuration (and as the
+    // kubelet's probes, which keep no session cache).
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(Arc::new(config))
+});
+
+/// TLS over `tcp` without verifying the server's certificate, as the kubelet's HTTPS probes do.
+async fn tls_handshake(
+    tcp: tokio::net::TcpStream,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let config = PROBE_TLS.as_ref().map_err(Clone::clone)?;
     // An IP address gives no SNI; a name is sent as SNI.
     let server_name = ServerName::try_from(host.to_string())
         .map_err(|e| format!("TLS server name {host:?}: {e}"))?;
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(config.clone())
         .connect(server_name, tcp)
         .await
         .map_err(|e| format!("TLS handshake with {host}: {e}"))
