@@ -175,14 +175,14 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
     if let Some(tcp) = &probe.tcp_socket {
         let port = resolve_port(&tcp.port, &t.container)?;
         let host = target_host(tcp.host.as_ref(), t)?;
-        let authority = super::probe_grpc::authority(&host, port);
+        let auth = authority(&host, port);
         tokio::time::timeout(
             timeout,
             tokio::net::TcpStream::connect((host.as_str(), port)),
         )
         .await
-        .map_err(|_| format!("dial tcp {authority}: i/o timeout"))?
-        .map_err(|e| format!("dial tcp {authority}: {e}"))?;
+        .map_err(|_| format!("dial tcp {auth}: i/o timeout"))?
+        .map_err(|e| format!("dial tcp {auth}: {e}"))?;
         return Ok(());
     }
     if let Some(http) = &probe.http_get {
@@ -197,6 +197,15 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
         return super::probe_grpc::check(&host, port, service, timeout).await;
     }
     Err("probe has no handler".into())
+}
+
+/// `host:port`, with brackets around an IPv6 host.
+pub fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// The probe's own host, else the pod's address.
@@ -223,5 +232,16 @@ fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, String> {
                 .and_then(|cp| u16::try_from(cp.container_port).ok())
                 .ok_or_else(|| format!("container has no port named {name:?}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_hosts_get_brackets() {
+        assert_eq!(authority("127.0.0.1", 80), "127.0.0.1:80");
+        assert_eq!(authority("::1", 80), "[::1]:80");
     }
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use tonic::transport::Endpoint;
 
+use super::probe::authority;
+
 /// The full method name of the standard health check.
 pub const CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
 
@@ -61,15 +63,6 @@ pub fn verdict(status: i32) -> Result<(), String> {
     }
 }
 
-/// `host:port`, with brackets around an IPv6 host.
-pub fn authority(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 /// Asks the health service at `host:port` about `service`; connecting and the call share
 /// `timeout`.
 pub async fn check(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), String> {
@@ -79,9 +72,10 @@ pub async fn check(host: &str, port: u16, service: &str, timeout: Duration) -> R
     let connect_failed = |e: &dyn std::fmt::Display| {
         format!("timeout: failed to connect service {target:?} within {within}: {e}")
     };
+    let timed_out = format!("timeout: health rpc did not complete within {within}");
+    // Connecting is bounded by the deadline below (no separate connect timeout).
     let endpoint = Endpoint::from_shared(format!("http://{target}"))
-        .map_err(|e| format!("invalid gRPC target {target:?}: {e}"))?
-        .connect_timeout(timeout);
+        .map_err(|e| format!("invalid gRPC target {target:?}: {e}"))?;
     let channel = match tokio::time::timeout_at(deadline, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
         Ok(Err(e)) => return Err(connect_failed(&e)),
@@ -104,31 +98,28 @@ pub async fn check(host: &str, port: u16, service: &str, timeout: Duration) -> R
             .map_err(|status| {
                 // The client cuts a call at its deadline (as Cancelled, not DeadlineExceeded).
                 if tokio::time::Instant::now() >= deadline {
-                    format!("timeout: health rpc did not complete within {within}")
+                    timed_out.clone()
                 } else {
-                    rpc_failure(&status, &within)
+                    rpc_failure(&status, &timed_out)
                 }
             })
     };
     match tokio::time::timeout_at(deadline, call).await {
         Ok(Ok(response)) => verdict(response.into_inner().status),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(format!(
-            "timeout: health rpc did not complete within {within}"
-        )),
+        Err(_) => Err(timed_out),
     }
 }
 
-/// What a failed Check call means, worded like the kubelet's probe messages.
-fn rpc_failure(status: &tonic::Status, within: &str) -> String {
+/// What a failed Check call means, worded like the kubelet's probe messages; `timed_out` is the
+/// message of a call past its deadline.
+fn rpc_failure(status: &tonic::Status, timed_out: &str) -> String {
     match status.code() {
         tonic::Code::Unimplemented => format!(
             "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): {}",
             status.message()
         ),
-        tonic::Code::DeadlineExceeded => {
-            format!("timeout: health rpc did not complete within {within}")
-        }
+        tonic::Code::DeadlineExceeded => timed_out.to_string(),
         code => format!(
             "error: health rpc probe failed: {code:?}: {}",
             status.message()
@@ -155,12 +146,6 @@ mod tests {
             verdict(7),
             Err("service unhealthy (responded with \"7\")".to_string())
         );
-    }
-
-    #[test]
-    fn ipv6_hosts_get_brackets() {
-        assert_eq!(authority("127.0.0.1", 80), "127.0.0.1:80");
-        assert_eq!(authority("::1", 80), "[::1]:80");
     }
 
     #[tokio::test]
