@@ -735,6 +735,18 @@ fn bundle_cgroup(bundle: &std::path::Path) -> Option<String> {
     leaf.starts_with("berth-").then(|| path.to_string())
 }
 
+/// The shim's own account of a failed create: its last `berth-shim: ` line. The log lines of
+/// libcontainer before it (cgroup warnings, timestamps) go to berthd's debug log, not into the
+/// error a client sees; a stderr without such a line is given whole.
+fn shim_failure(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("berth-shim: "))
+        .map(str::trim)
+        .unwrap_or_else(|| stderr.trim())
+}
+
 /// The CRI state of a container.
 pub fn cri_state(s: ContainerState) -> i32 {
     match s {
@@ -763,23 +775,6 @@ mod tests {
         );
         assert_eq!(parse_rfc3339_utc("garbage"), None);
     }
-}
-
-/// The shim's own account of a failed create: its last `berth-shim: ` line. The log lines of
-/// libcontainer before it (cgroup warnings, timestamps) go to berthd's debug log, not into the
-/// error a client sees; a stderr without such a line is given whole.
-fn shim_failure(stderr: &str) -> &str {
-    stderr
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("berth-shim: "))
-        .map(str::trim)
-        .unwrap_or_else(|| stderr.trim())
-}
-
-#[cfg(test)]
-mod shim_failure_tests {
-    use super::shim_failure;
 
     #[test]
     fn the_shims_own_line_is_the_error() {
