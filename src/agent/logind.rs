@@ -110,7 +110,14 @@ fn ensure_inhibit_delay(c: &mut Connection, grace: Duration, conf_dir: &Path) {
         .map_err(|e| format!("writing {}: {e}", conf_dir.join(DROP_IN).display()))
         .and_then(|()| reload_logind(c).map_err(|e| format!("reloading systemd-logind: {e}")));
     if let Err(e) = raised {
-        tracing::warn!(error = %e, "graceful node shutdown: cannot raise logind's InhibitDelayMaxSec");
+        // Nothing changed, so polling for the new value would only repeat this warning.
+        tracing::warn!(
+            error = %e,
+            inhibit_delay_max_secs = before / 1_000_000,
+            shutdown_grace_secs = secs,
+            "graceful node shutdown: cannot raise logind's InhibitDelayMaxSec, so pods may be cut short; set InhibitDelayMaxSec in logind's configuration"
+        );
+        return;
     }
     // logind re-reads its configuration on the signal, a moment after KillUnit returns.
     let mut now = before;
