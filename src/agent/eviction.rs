@@ -150,6 +150,49 @@ impl Manager {
         }
     }
 
+    /// Reads every signal now (off the async threads); nothing observed when the reading task
+    /// failed.
+    async fn observe(&self) -> Observed {
+        let sources = self.sources().await;
+        tokio::task::spawn_blocking(move || signals::observe(&sources))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "eviction: reading the signals failed");
+                Observed::default()
+            })
+    }
+
+    /// Asks for pod `uid` (`pod`: namespace/name) to end as evicted for `signal` with `message`
+    /// and `grace_secs`, and records that in the report (the latest [`KEPT_EVICTIONS`] kept).
+    fn record_eviction(
+        &self,
+        pod: String,
+        uid: &str,
+        signal: &'static str,
+        message: String,
+        grace_secs: i64,
+    ) {
+        self.ctx.terminations.request(
+            uid,
+            Termination {
+                reason: "Evicted".into(),
+                message: message.clone(),
+                grace_secs: Some(grace_secs),
+            },
+        );
+        if let Ok(mut r) = self.shared.report.lock() {
+            r.evictions.push(EvictionRecord {
+                pod,
+                uid: uid.to_string(),
+                signal,
+                message,
+                grace_secs,
+            });
+            let extra = r.evictions.len().saturating_sub(KEPT_EVICTIONS);
+            r.evictions.drain(..extra);
+        }
+    }
+
     /// Sets the admission flags and logs conditions turning on or off.
     fn set_pressure(&self, conditions: &BTreeSet<Condition>) {
         let p = &self.ctx.pressure;
@@ -171,10 +214,7 @@ impl Manager {
 
     /// One check: observe, decide, publish; evicts at most one pod, whose UID it returns.
     async fn check(&mut self) -> Option<String> {
-        let sources = self.sources().await;
-        let observed = tokio::task::spawn_blocking(move || signals::observe(&sources))
-            .await
-            .unwrap_or_default();
+        let observed = self.observe().await;
         let v = self
             .tracker
             .step(&self.thresholds, &observed, self.transition, Instant::now());
@@ -193,10 +233,7 @@ impl Manager {
         let mut obs = observed.signals.get(&t.signal).copied()?;
         if t.signal.condition() == Condition::Disk && super::gc::reclaim_disk(&self.ctx).await > 0 {
             // Freed without evicting anyone: look again before choosing a victim.
-            let sources = self.sources().await;
-            let again = tokio::task::spawn_blocking(move || signals::observe(&sources))
-                .await
-                .unwrap_or_default();
+            let again = self.observe().await;
             match again.signals.get(&t.signal).copied() {
                 Some(o) if !t.met_by(&o) => {
                     tracing::info!(
@@ -244,25 +281,7 @@ impl Manager {
         let mut first = None;
         for (pod, e) in checked {
             tracing::warn!(pod = %pod, message = %e.message, "eviction: local storage limit exceeded, evicting pod");
-            self.ctx.terminations.request(
-                &e.uid,
-                Termination {
-                    reason: "Evicted".into(),
-                    message: e.message.clone(),
-                    grace_secs: Some(0),
-                },
-            );
-            if let Ok(mut r) = self.shared.report.lock() {
-                r.evictions.push(EvictionRecord {
-                    pod,
-                    uid: e.uid.clone(),
-                    signal: "ephemeral-storage",
-                    message: e.message,
-                    grace_secs: 0,
-                });
-                let extra = r.evictions.len().saturating_sub(KEPT_EVICTIONS);
-                r.evictions.drain(..extra);
-            }
+            self.record_eviction(pod, &e.uid, "ephemeral-storage", e.message, 0);
             first.get_or_insert(e.uid);
         }
         first
@@ -309,25 +328,7 @@ impl Manager {
             self.ctx.config.eviction_max_pod_grace_period_secs,
         );
         tracing::warn!(pod = %pod, signal = t.signal.name(), grace_secs = grace, message = %msg, "eviction: evicting pod");
-        self.ctx.terminations.request(
-            &uid,
-            Termination {
-                reason: "Evicted".into(),
-                message: msg.clone(),
-                grace_secs: Some(grace),
-            },
-        );
-        if let Ok(mut r) = self.shared.report.lock() {
-            r.evictions.push(EvictionRecord {
-                pod,
-                uid: uid.clone(),
-                signal: t.signal.name(),
-                message: msg,
-                grace_secs: grace,
-            });
-            let extra = r.evictions.len().saturating_sub(KEPT_EVICTIONS);
-            r.evictions.drain(..extra);
-        }
+        self.record_eviction(pod, &uid, t.signal.name(), msg, grace);
         Some(uid)
     }
 }

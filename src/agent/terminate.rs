@@ -155,12 +155,13 @@ impl Pressure {
 
 /// The priority from which pods are critical (the `system-cluster-critical` class's).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+/// The `system-node-critical` class's priority.
+const SYSTEM_NODE_CRITICAL_PRIORITY: i32 = 2_000_001_000;
 
 /// Whether a pod is critical: the system-node-critical / system-cluster-critical class or a
 /// priority at least theirs. The kubelet's `IsCriticalPod` also counts every static pod, which
 /// here would be every pod (all come from files) and leave nothing to evict.
 pub fn is_critical(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    const SYSTEM_CRITICAL: i32 = SYSTEM_CRITICAL_PRIORITY;
     let spec = pod.spec.as_ref();
     let class = spec.and_then(|s| s.priority_class_name.as_deref());
     matches!(
@@ -168,7 +169,7 @@ pub fn is_critical(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
         Some("system-node-critical") | Some("system-cluster-critical")
     ) || spec
         .and_then(|s| s.priority)
-        .is_some_and(|p| p >= SYSTEM_CRITICAL)
+        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
 }
 
 /// A pod's priority (from `spec.priority`, or its system priority class; 0 otherwise).
@@ -178,8 +179,8 @@ pub fn priority(pod: &k8s_openapi::api::core::v1::Pod) -> i32 {
         return p;
     }
     match spec.and_then(|s| s.priority_class_name.as_deref()) {
-        Some("system-node-critical") => 2_000_001_000,
-        Some("system-cluster-critical") => 2_000_000_000,
+        Some("system-node-critical") => SYSTEM_NODE_CRITICAL_PRIORITY,
+        Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
         _ => 0,
     }
 }
