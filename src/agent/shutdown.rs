@@ -171,11 +171,6 @@ impl ShutdownManager {
         })
     }
 
-    /// Whether a shutdown began.
-    pub fn is_shutting_down(&self) -> bool {
-        self.progress.started.load(Ordering::Relaxed)
-    }
-
     /// Resolves once the shutdown that began (from `berthctl node shutdown` or logind) has
     /// ended every group; at once when it already has. Call it after `shutdown` answered
     /// `InProgress`: before any shutdown began it waits for one to begin and finish.
