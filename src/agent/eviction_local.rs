@@ -151,9 +151,13 @@ mod tests {
         ]}));
         assert!(any_limits(std::slice::from_ref(&p)));
         let usage = PodUsage::default();
-        let under: HashMap<String, u64> = [("scratch".to_string(), 1 << 20)].into();
+        // The Memory emptyDir is far over its sizeLimit, but tmpfs enforces that itself.
+        let mem_over = ("mem".to_string(), 8 << 20);
+        let under: HashMap<String, u64> =
+            [("scratch".to_string(), 1 << 20), mem_over.clone()].into();
         assert_eq!(exceeded(&p, &usage, &under), None);
-        let over: HashMap<String, u64> = [("scratch".to_string(), (1 << 20) + 4096)].into();
+        let over: HashMap<String, u64> =
+            [("scratch".to_string(), (1 << 20) + 4096), mem_over].into();
         let e = exceeded(&p, &usage, &over).expect("exceeded");
         assert_eq!(
             e.message,
@@ -195,11 +199,9 @@ mod tests {
         // The pod's emptyDirs count for the pod's total, not for the container's.
         usage.volumes = (1 << 20, 0);
         let e = exceeded(&p, &usage, &HashMap::new()).expect("pod over");
-        assert!(
-            e.message
-                .starts_with("Pod ephemeral local storage usage exceeds"),
-            "{}",
-            e.message
+        assert_eq!(
+            e.message,
+            "Pod ephemeral local storage usage exceeds the total limit of containers 2Mi. "
         );
         usage.volumes = (0, 0);
         usage.containers.get_mut("c").expect("c").rootfs = 3 << 20;

@@ -529,10 +529,8 @@ mod tests {
         let hard_disk = threshold(Signal::NodeFsAvailable, "1Gi", None);
         let hard_mem = threshold(Signal::MemoryAvailable, "1Gi", None);
         let all = vec![hard_disk, soft_mem.clone(), hard_mem];
-        assert_eq!(
-            to_reclaim(&all, &[0, 1, 2]).map(|t| t.is_hard()),
-            Some(true)
-        );
+        // Memory before disk, and the hard memory threshold before the soft one.
+        assert_eq!(to_reclaim(&all, &[0, 1, 2]), Some(&all[2]));
         assert_eq!(to_reclaim(&all, &[0, 1]), Some(&soft_mem));
         let p = pod("p", None, serde_json::json!({}));
         assert_eq!(grace_secs(&all[0], &p, 10), 1);

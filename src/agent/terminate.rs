@@ -202,6 +202,17 @@ mod tests {
             p.refusal("Guaranteed", false)
                 .is_some_and(|m| m.contains("DiskPressure"))
         );
+        // PIDPressure alone refuses every QoS class (critical pods excepted).
+        let p = Pressure::default();
+        p.pid.store(true, Ordering::Relaxed);
+        for qos in ["Guaranteed", "Burstable", "BestEffort"] {
+            assert_eq!(
+                p.refusal(qos, false).as_deref(),
+                Some("The node had condition: [PIDPressure]. "),
+                "{qos}"
+            );
+        }
+        assert_eq!(p.refusal("Guaranteed", true), None);
     }
 
     #[tokio::test]
