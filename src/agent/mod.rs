@@ -180,13 +180,13 @@ pub async fn start(
         Arc::new(server::Endpoint {
             ctx: ctx.clone(),
             node: node_status.clone(),
-            config: Arc::new(cfg.clone()),
             shutdown: shutdown_manager.clone(),
         }),
     ));
-    if !shutdown::groups(cfg).is_empty() {
+    let shutdown_groups = shutdown::groups(cfg);
+    if !shutdown_groups.is_empty() {
         let grace = Duration::from_secs(
-            shutdown::groups(cfg)
+            shutdown_groups
                 .iter()
                 .map(|g| g.grace_secs.max(0) as u64)
                 .sum(),

@@ -14,7 +14,6 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::AgentContext;
-use super::config::AgentConfig;
 use super::node::NodeStatus;
 use super::shutdown::{ShutdownError, ShutdownManager};
 
@@ -24,8 +23,6 @@ pub struct Endpoint {
     pub ctx: Arc<AgentContext>,
     /// The node status loop.
     pub node: Arc<NodeStatus>,
-    /// The effective configuration.
-    pub config: Arc<AgentConfig>,
     /// Graceful node shutdown.
     pub shutdown: Arc<ShutdownManager>,
 }
@@ -53,7 +50,7 @@ pub async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
                             shutdown(&endpoint, peer.ip().is_loopback()).await,
                         );
                     }
-                    Ok(route(&req, &endpoint.ctx, &endpoint.node, &endpoint.config))
+                    Ok(route(&req, &endpoint.ctx, &endpoint.node))
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -126,12 +123,7 @@ async fn shutdown(endpoint: &Endpoint, from_loopback: bool) -> Response<Full<Byt
     }
 }
 
-fn route(
-    req: &Request<Incoming>,
-    ctx: &AgentContext,
-    node: &NodeStatus,
-    config: &AgentConfig,
-) -> Response<Full<Bytes>> {
+fn route(req: &Request<Incoming>, ctx: &AgentContext, node: &NodeStatus) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -175,7 +167,10 @@ fn route(
         },
         ["node", "reports"] => json(StatusCode::OK, &node.counters()),
         ["gc"] => json(StatusCode::OK, &super::gc::counters(&ctx.gc)),
-        ["configz"] => json(StatusCode::OK, &serde_json::json!({ "agent": config })),
+        ["configz"] => json(
+            StatusCode::OK,
+            &serde_json::json!({ "agent": &*ctx.config }),
+        ),
         ["manifests"] => {
             let errors: std::collections::BTreeMap<String, String> = ctx
                 .pods
