@@ -167,9 +167,13 @@ pub async fn start(
     // Where the endpoint really listens (with port 0 in the address, the kernel chose it).
     if let Some(addr) = local {
         let file = state_dir.join("agent/endpoint");
+        // Written aside and renamed over it: a reader polling the file never sees it half-written.
+        let tmp = state_dir.join("agent/.endpoint.tmp");
         let written = std::fs::create_dir_all(state_dir.join("agent"))
-            .and_then(|()| std::fs::write(&file, format!("{addr}\n")));
+            .and_then(|()| std::fs::write(&tmp, format!("{addr}\n")))
+            .and_then(|()| std::fs::rename(&tmp, &file));
         if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
             tracing::warn!(file = %file.display(), error = %e, "agent: writing the endpoint address");
         }
     }
