@@ -376,21 +376,48 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("berth-manifest-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
-        let pod = |image: &str| {
+        let pod = |name: &str, image: &str| {
             format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: a}}\nspec:\n  containers:\n  - {{name: c, image: {image}}}\n"
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - {{name: c, image: {image}}}\n"
             )
         };
-        std::fs::write(dir.join("a.yaml"), pod("one")).expect("write");
+        std::fs::write(dir.join("a.yaml"), pod("a", "one")).expect("write");
+        std::fs::write(dir.join("b.yaml"), pod("b", "one")).expect("write");
         let mut cache = ParseCache::default();
         let first = scan(&dir, &BTreeMap::new(), &mut cache);
+        assert_eq!(first.pods.len(), 2, "{:?}", first.errors);
+        // What a parse would never give: a file answered with it was not parsed again.
+        for (_, result) in cache.files.values_mut() {
+            *result = Err("cached".into());
+        }
         let again = scan(&dir, &BTreeMap::new(), &mut cache);
-        let hash = |s: &Scan| s.pods.values().map(|p| p.hash.clone()).collect::<Vec<_>>();
-        assert_eq!(hash(&first), hash(&again));
-        std::fs::write(dir.join("a.yaml"), pod("two")).expect("write");
+        assert!(again.pods.is_empty(), "{:?}", again.pods.keys());
+        assert_eq!(
+            again.errors.get(&dir.join("a.yaml")).map(String::as_str),
+            Some("cached")
+        );
+        assert_eq!(
+            again.errors.get(&dir.join("b.yaml")).map(String::as_str),
+            Some("cached")
+        );
+        // A rewritten file is parsed again; the unchanged one still comes from the cache.
+        std::fs::write(dir.join("b.yaml"), pod("b", "two")).expect("write");
         let changed = scan(&dir, &BTreeMap::new(), &mut cache);
+        assert_eq!(
+            changed.errors.get(&dir.join("a.yaml")).map(String::as_str),
+            Some("cached")
+        );
+        assert!(
+            !changed.errors.contains_key(&dir.join("b.yaml")),
+            "{:?}",
+            changed.errors
+        );
+        let key = ("default".to_string(), "b".to_string());
+        let hash = |s: &Scan| s.pods.get(&key).map(|p| p.hash.clone());
+        assert!(hash(&changed).is_some());
         assert_ne!(hash(&first), hash(&changed));
         std::fs::remove_file(dir.join("a.yaml")).expect("remove");
+        std::fs::remove_file(dir.join("b.yaml")).expect("remove");
         assert!(scan(&dir, &BTreeMap::new(), &mut cache).pods.is_empty());
         assert!(cache.files.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
