@@ -183,8 +183,8 @@ fn to_pod(file: &Path, v: serde_json::Value) -> Result<DesiredPod, ManifestError
             "apiVersion is {api:?}, expected v1"
         )));
     }
-    let mut pod: Pod =
-        serde_json::from_value(v.clone()).map_err(|e| ManifestError::Parse(e.to_string()))?;
+    // Read from a borrow: the document itself is still needed for the unknown fields.
+    let mut pod = Pod::deserialize(&v).map_err(|e| ManifestError::Parse(e.to_string()))?;
     let mut unknown_fields = Vec::new();
     if let Ok(known) = serde_json::to_value(&pod) {
         unknown(&v, &known, "", &mut unknown_fields);
