@@ -192,3 +192,46 @@ async fn common_running(c: &berth::client::CriClient) -> Vec<String> {
         .map(|c| c.id)
         .collect()
 }
+
+/// Mount points under `dir` (from /proc/self/mountinfo).
+fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_ended_by_shutdown_frees_its_memory_volume_at_once() {
+    let a = Agent::start_with_config(&[], "shutdown_grace_period_secs = 4.0\n");
+    let volume = "    volumeMounts:\n    - name: scratch\n      mountPath: /scratch\n  volumes:\n  - name: scratch\n    emptyDir:\n      medium: Memory\n      sizeLimit: 8Mi\n";
+    a.write(
+        "mem.yaml",
+        &pod_yaml("mem", "echo kept > /scratch/f; exec sleep 3600", "", volume),
+    );
+    let p = a.wait_pod("default", "mem", "mem running", |p| running(p, "main"));
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let pod_dir = a.daemon.root().join("agent/pods").join(&uid);
+    assert_eq!(
+        mounts_under(&pod_dir).len(),
+        1,
+        "the Memory emptyDir is a tmpfs under {}",
+        pod_dir.display()
+    );
+
+    let out = berthctl(&a, &["node", "shutdown"]);
+    assert!(out.status.success(), "{out:?}");
+    a.wait_pod("default", "mem", "mem ended", |p| phase(p) == "Failed");
+    // Ended while its manifest stays: the tmpfs (its pages) is gone, the pod directory is not.
+    assert!(
+        mounts_under(&pod_dir).is_empty(),
+        "{:?}",
+        mounts_under(&pod_dir)
+    );
+    assert!(pod_dir.is_dir());
+    a.finish().await;
+}
