@@ -333,7 +333,8 @@ impl Manager {
     }
 }
 
-fn pod_ref(p: &Pod) -> String {
+/// `namespace/name` of a pod, as logs and reports name it.
+pub(super) fn pod_ref(p: &Pod) -> String {
     format!(
         "{}/{}",
         p.metadata.namespace.as_deref().unwrap_or("default"),

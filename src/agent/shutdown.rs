@@ -233,11 +233,7 @@ impl ShutdownManager {
                     grace_secs: Some(own.clamp(0, group.grace_secs)),
                 },
             );
-            names.push(format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or("default"),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            ));
+            names.push(super::eviction::pod_ref(pod));
             uids.push(uid);
         }
         if !names.is_empty() {
