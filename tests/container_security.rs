@@ -609,7 +609,9 @@ async fn status_reports_reason_message_image_ref_and_verbose_info() {
     assert_eq!((s.exit_code, s.reason.as_str()), (0, "Completed"));
     assert_eq!(s.message, "all done\n");
 
-    // A kubelet-style mount of its own file at the path: that file is read, at most 4 KiB.
+    // A kubelet-style mount of its own file at the path: the file holds what the container
+    // wrote, and the message stays empty (the kubelet reads its file and appends the text to
+    // the message itself; a message here would show twice).
     let dir = TempDir::new("termlog");
     let file = dir.path().join("termination-log");
     std::fs::write(&file, "").expect("file");
@@ -628,7 +630,21 @@ async fn status_reports_reason_message_image_ref_and_verbose_info() {
     }];
     let (s, _) = env.run_to_exit(config).await;
     assert_eq!((s.exit_code, s.reason.as_str()), (2, "Error"));
-    assert_eq!(s.message, "x".repeat(4096));
+    assert_eq!(s.message, "");
+    assert_eq!(std::fs::read(&file).expect("termination file").len(), 5000);
+
+    // Berth's own file (no mount at the path) is read, at most 4 KiB.
+    let mut config = env.container(
+        "long",
+        "yes x | tr -d '\\n' | head -c 5000 > /dev/termination-log; exit 3",
+        sc(),
+    );
+    config
+        .annotations
+        .insert(TERMINATION_ANNOTATION.into(), "/dev/termination-log".into());
+    let (long, _) = env.run_to_exit(config).await;
+    assert_eq!((long.exit_code, long.reason.as_str()), (3, "Error"));
+    assert_eq!(long.message, "x".repeat(4096));
 
     // image_ref is what ImageStatus reports: a repo digest when known, else the id.
     let img = status(&env.c, &env.busybox).await.expect("image");

@@ -1,5 +1,6 @@
 //! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
 
+mod authority;
 mod container_service;
 mod errors;
 mod image_service;

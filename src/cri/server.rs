@@ -3,7 +3,8 @@
 //!
 //! tonic's own `transport::Server` answers an expired `grpc-timeout` with `Cancelled`, which
 //! the CRI (and critest) read as the wrong error; so Berth serves tonic's routes over hyper
-//! itself and enforces the deadline in [`with_deadline`].
+//! itself and enforces the deadline in [`with_deadline`]. Each connection reaches hyper through
+//! [`AuthorityFilter`], which drops the socket path that older gRPC clients send as `:authority`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -20,6 +21,7 @@ use tokio::net::UnixListener;
 use tonic::service::Routes;
 use tower::{Service, ServiceExt};
 
+use super::authority::AuthorityFilter;
 use super::v1alpha2::{ImageV1Alpha2, RuntimeV1Alpha2};
 use super::{ImageApi, RuntimeApi};
 
@@ -176,7 +178,10 @@ pub async fn serve(
                 let routes = routes.clone();
                 let svc = tower::service_fn(move |req| with_deadline(routes.clone(), req));
                 let conn = builder
-                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+                    .serve_connection(
+                        TokioIo::new(AuthorityFilter::new(stream)),
+                        TowerToHyperService::new(svc),
+                    )
                     .into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {

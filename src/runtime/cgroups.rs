@@ -50,6 +50,29 @@ impl Layout {
         matches!(self, Self::V2(_))
     }
 
+    /// Whether the controller (`hugetlb`, `memory`, ...) is there to manage: a v1 hierarchy
+    /// carries it, or the v2 root lists it in `cgroup.controllers`.
+    pub fn has_controller(&self, controller: &str) -> bool {
+        self.has_controller_with(controller, &|p| std::fs::read_to_string(p).ok())
+    }
+
+    /// [`Self::has_controller`], reading the v2 root's files through `read`.
+    pub fn has_controller_with(
+        &self,
+        controller: &str,
+        read: &dyn Fn(&Path) -> Option<String>,
+    ) -> bool {
+        match self {
+            Self::V1(roots) => roots.iter().any(|r| {
+                r.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.split(',').any(|c| c == controller))
+            }),
+            Self::V2(root) => read(&root.join("cgroup.controllers"))
+                .is_some_and(|t| t.split_whitespace().any(|c| c == controller)),
+        }
+    }
+
     /// The directories `cgroup_path` (e.g. `/kubepods/burstable/pod<uid>`) maps to.
     pub fn dirs(&self, cgroup_path: &str) -> Vec<PathBuf> {
         let rel = cgroup_path.trim_start_matches('/');
@@ -58,6 +81,35 @@ impl Layout {
             Self::V1(roots) => roots.iter().map(|r| r.join(rel)).collect(),
         }
     }
+}
+
+/// Whether this host has the hugetlb controller (read once: controllers do not come and go).
+pub fn host_has_hugetlb() -> bool {
+    static HUGETLB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HUGETLB.get_or_init(|| Layout::detect().is_ok_and(|l| l.has_controller("hugetlb")))
+}
+
+/// The hugepage limits to apply on a host with or without the hugetlb controller. Without it,
+/// limits of 0 (the kubelet sends one per page size the kernel has, on every container) are
+/// dropped, as runc does; a limit above 0 cannot be enforced and is refused, naming its index
+/// (the error is the field name and the reason).
+pub fn hugepage_limits_for_host(
+    limits: &[k8s_cri::v1::HugepageLimit],
+    hugetlb: bool,
+) -> Result<Vec<k8s_cri::v1::HugepageLimit>, (String, String)> {
+    if hugetlb {
+        return Ok(limits.to_vec());
+    }
+    if let Some((i, h)) = limits.iter().enumerate().find(|(_, h)| h.limit > 0) {
+        return Err((
+            format!("hugepage_limits[{i}]"),
+            format!(
+                "a limit of {} bytes of {} pages needs the hugetlb cgroup controller, which this host does not have",
+                h.limit, h.page_size
+            ),
+        ));
+    }
+    Ok(Vec::new())
 }
 
 /// Checks a cgroup path from a request: absolute-ish, no `..`.
@@ -207,6 +259,31 @@ mod tests {
         let l = Layout::from_mountinfo(PURE_V2);
         assert!(l.is_v2());
         assert_eq!(l.dirs("a/b"), vec![PathBuf::from("/sys/fs/cgroup/a/b")]);
+    }
+
+    #[test]
+    fn controllers_are_found_by_hierarchy_name() {
+        let l = Layout::V1(vec!["/sys/fs/cgroup/cpu,cpuacct".into(), "/sys/fs/cgroup/memory".into()]);
+        assert!(l.has_controller("cpuacct") && l.has_controller("memory"));
+        assert!(!l.has_controller("hugetlb") && !l.has_controller("cpu,cpuacct"));
+        let dir = std::env::temp_dir().join(format!("berth-cg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("cgroup.controllers"), "cpuset cpu io memory pids\n").expect("write");
+        let l = Layout::V2(dir.clone());
+        assert!(l.has_controller("memory") && !l.has_controller("hugetlb"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn hugepage_limits_without_hugetlb() {
+        let hp = |page: &str, limit| k8s_cri::v1::HugepageLimit { page_size: page.into(), limit };
+        let zeros = vec![hp("2MB", 0), hp("1GB", 0)];
+        assert_eq!(hugepage_limits_for_host(&zeros, false), Ok(vec![]));
+        assert_eq!(hugepage_limits_for_host(&zeros, true), Ok(zeros.clone()));
+        let (field, why) =
+            hugepage_limits_for_host(&[hp("2MB", 0), hp("1GB", 1 << 30)], false).unwrap_err();
+        assert_eq!(field, "hugepage_limits[1]");
+        assert!(why.contains("1GB") && why.contains("hugetlb"), "{why}");
     }
 
     #[test]

@@ -315,8 +315,9 @@ impl ContainerManager {
                 Ok(rec.id)
             }
             Err(e) => {
-                // Whatever step failed, nothing stays: shim, rootfs, snapshot, bundle, record.
-                self.teardown(&rec).await;
+                // Whatever step failed, nothing stays: shim, rootfs, snapshot, bundle, record;
+                // each undone once, by what the preparation recorded it made.
+                self.release_shim(&rec).await;
                 prepared.undo(&self.images);
                 let _ = self.delete(&rec.id);
                 Err(e)
@@ -562,6 +563,20 @@ impl ContainerManager {
 
     /// Removes the shim (kill + delete), the rootfs mount, the snapshot and the bundle.
     async fn teardown(&self, rec: &ContainerRecord) {
+        self.release_shim(rec).await;
+        let mut prepared = Prepared {
+            id: rec.id.clone(),
+            snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),
+            rootfs_mounted: Some(rec.bundle.join("rootfs")),
+            bundle: Some(rec.bundle.clone()),
+            ..Default::default()
+        };
+        prepared.undo(&self.images);
+    }
+
+    /// Deletes the container through its shim (or, with no shim to answer, kills what runs in
+    /// its cgroup and removes the cgroup), and removes the shim's socket.
+    async fn release_shim(&self, rec: &ContainerRecord) {
         let socket = rec.socket.clone();
         // Delete through the shim; a gone shim is fine.
         let deleted = ShimClient::new(&socket)
@@ -579,14 +594,6 @@ impl ContainerManager {
                 super::cgroups::kill_and_remove(&layout, &cgroup);
             }
         }
-        let mut prepared = Prepared {
-            id: rec.id.clone(),
-            snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),
-            rootfs_mounted: Some(rec.bundle.join("rootfs")),
-            bundle: Some(rec.bundle.clone()),
-            ..Default::default()
-        };
-        prepared.undo(&self.images);
         let _ = std::fs::remove_file(&socket);
     }
 

@@ -229,6 +229,7 @@ impl ContainerCreator {
                 .map(|(host, dest)| (host.as_path(), dest.as_path())),
             image_volumes: &image_volumes,
             host_capabilities: host_caps.as_ref(),
+            hugetlb: super::cgroups::host_has_hugetlb(),
         };
         let (oci, user) = spec::generate(&input).map_err(|e| match e {
             e @ SpecError::InvalidArgument { .. } => {
@@ -273,27 +274,46 @@ fn effective_namespaces(
 }
 
 impl Prepared {
-    /// Unmounts the rootfs and image volumes, removes the snapshots and the bundle. Idempotent.
+    /// Unmounts the rootfs and image volumes, removes the snapshots and the bundle. Idempotent:
+    /// what is already gone is skipped (logged at debug), only a real failure warns.
     pub fn undo(&mut self, images: &ImageManager) {
         if let Some(bundle) = &self.bundle
             && !self.id.is_empty()
         {
             volumes::undo_image_volumes(images, &self.id, bundle);
         }
-        if let Some(rootfs) = self.rootfs_mounted.take()
-            && let Err(e) = berth_snapshotter::unmount(&rootfs)
-        {
-            tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs");
+        if let Some(rootfs) = self.rootfs_mounted.take() {
+            match berth_snapshotter::unmount(&rootfs) {
+                Ok(()) => {}
+                // Not mounted (EINVAL) or not there at all.
+                Err(berth_snapshotter::Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound
+                        || source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    tracing::debug!(rootfs = %rootfs.display(), "rootfs was not mounted");
+                }
+                Err(e) => {
+                    tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs")
+                }
+            }
         }
-        if let Some(key) = self.snapshot.take()
-            && let Err(e) = images.snapshotter().remove(&key)
-        {
-            tracing::warn!(snapshot = %key, error = %e, "removing container snapshot");
+        if let Some(key) = self.snapshot.take() {
+            match images.snapshotter().remove(&key) {
+                Ok(()) => {}
+                Err(berth_snapshotter::Error::NotFound(_)) => {
+                    tracing::debug!(snapshot = %key, "container snapshot already removed");
+                }
+                Err(e) => tracing::warn!(snapshot = %key, error = %e, "removing container snapshot"),
+            }
         }
-        if let Some(bundle) = self.bundle.take()
-            && let Err(e) = std::fs::remove_dir_all(&bundle)
-        {
-            tracing::warn!(bundle = %bundle.display(), error = %e, "removing bundle");
+        if let Some(bundle) = self.bundle.take() {
+            match std::fs::remove_dir_all(&bundle) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    tracing::debug!(bundle = %bundle.display(), "bundle already removed");
+                }
+                Err(e) => tracing::warn!(bundle = %bundle.display(), error = %e, "removing bundle"),
+            }
         }
         // Deepest first; only while empty (the container may have written into them).
         for dir in self.created_host_dirs.drain(..).rev() {

@@ -208,6 +208,11 @@ pub fn plan(
     current: &dyn Fn(&Path) -> Option<String>,
 ) -> Result<Vec<CgroupWrite>, UpdateError> {
     let mut out = Vec::new();
+    let hugepages = super::cgroups::hugepage_limits_for_host(
+        &r.hugepage_limits,
+        layout.has_controller_with("hugetlb", current),
+    )
+    .map_err(|(field, why)| UpdateError::invalid(field, why))?;
     match layout {
         Layout::V1(_) => {
             let dir = |c: &str| {
@@ -261,9 +266,9 @@ pub fn plan(
                     out.extend(limit.into_iter().chain(swap));
                 }
             }
-            if !r.hugepage_limits.is_empty() {
+            if !hugepages.is_empty() {
                 let hugetlb = dir("hugetlb")?;
-                for h in &r.hugepage_limits {
+                for h in &hugepages {
                     out.push(write_to(
                         &hugetlb,
                         &format!("hugetlb.{}.limit_in_bytes", h.page_size),
@@ -339,7 +344,7 @@ pub fn plan(
                     _ => {}
                 }
             }
-            for h in &r.hugepage_limits {
+            for h in &hugepages {
                 out.push(write_to(
                     &dir,
                     &format!("hugetlb.{}.max", h.page_size),
@@ -718,6 +723,7 @@ mod tests {
         };
         let current = |p: &Path| -> Option<String> {
             match p.to_str()? {
+                "/cg/cgroup.controllers" => Some("cpu memory hugetlb\n".into()),
                 "/cg/c/cpu.max" => Some("max 50000\n".into()),
                 "/cg/c/memory.swap.max" => Some("max\n".into()),
                 _ => None,
@@ -745,6 +751,41 @@ mod tests {
         };
         let w = plan(&layout, "c", &unlimit, &unlimit, &current).expect("plan");
         assert_eq!(w[0].value, "max 50000");
+    }
+
+    /// The kubelet's zero hugepage limits are dropped where no hugetlb controller is, on v1
+    /// and v2; a limit above zero is refused there as an invalid argument naming the field.
+    #[test]
+    fn hugepage_limits_without_hugetlb_controller() {
+        let hp = |limit| cri::HugepageLimit {
+            page_size: "2MB".into(),
+            limit,
+        };
+        let v1 = Layout::V1(vec!["/cg/cpu".into(), "/cg/memory".into()]);
+        let v2 = Layout::V2("/cg".into());
+        let current = |p: &Path| -> Option<String> {
+            (p.to_str()? == "/cg/cgroup.controllers").then(|| "cpu memory pids\n".into())
+        };
+        for layout in [&v1, &v2] {
+            let zero = cri::LinuxContainerResources {
+                cpu_shares: 2,
+                hugepage_limits: vec![hp(0)],
+                ..res()
+            };
+            let w = plan(layout, "/c", &zero, &zero, &current).expect("plan");
+            assert_eq!(w.len(), 1, "{layout:?}: only the cpu write");
+            assert!(!w[0].path.to_string_lossy().contains("hugetlb"));
+            let some = cri::LinuxContainerResources {
+                hugepage_limits: vec![hp(0), hp(2 << 20)],
+                ..res()
+            };
+            match plan(layout, "/c", &some, &some, &current) {
+                Err(UpdateError::InvalidArgument { field, .. }) => {
+                    assert_eq!(field, "hugepage_limits[1]")
+                }
+                other => panic!("{layout:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -330,18 +330,22 @@ pub fn prepare_termination_log(
     Ok(Some((host, PathBuf::from(path))))
 }
 
-/// The termination message of a container: the file behind its termination message path (a
-/// CRI mount's host path, or Berth's own file in the bundle), at most 4 KiB of it.
+/// The termination message of a container whose termination message file Berth made itself
+/// (no CRI mount at the annotated path), at most 4 KiB of it. A file the client mounted there
+/// is the client's to read: the kubelet reads its own file and appends the text to
+/// `ContainerStatus.message` itself, so reporting it here too would show it twice.
 pub fn read_termination_message(bundle: &Path, config: &cri::ContainerConfig) -> String {
-    let host = match config
+    let Some(path) = config
         .annotations
         .get(ANNOTATION_TERMINATION_MESSAGE_PATH)
         .filter(|p| !p.is_empty())
-        .and_then(|p| config.mounts.iter().find(|m| m.container_path == *p))
-    {
-        Some(m) if !m.host_path.is_empty() => PathBuf::from(&m.host_path),
-        _ => bundle.join(TERMINATION_LOG),
+    else {
+        return String::new();
     };
+    if config.mounts.iter().any(|m| m.container_path == *path) {
+        return String::new();
+    }
+    let host = bundle.join(TERMINATION_LOG);
     let Ok(file) = std::fs::File::open(&host) else {
         return String::new();
     };
@@ -416,7 +420,8 @@ mod tests {
             ..Default::default()
         });
         assert!(prepare_termination_log(&bundle, &config).unwrap().is_none());
-        assert_eq!(read_termination_message(&bundle, &config), "from kubelet");
+        // The mounted file is the client's to read (the kubelet appends it to the message).
+        assert_eq!(read_termination_message(&bundle, &config), "");
         let _ = std::fs::remove_dir_all(&bundle);
     }
 }

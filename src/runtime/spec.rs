@@ -218,6 +218,9 @@ pub struct SpecInput<'a> {
     /// Capabilities the runtime itself may grant (its bounding set); `None`: every known one.
     /// "ALL" and privileged mean these, and a requested capability outside them is dropped.
     pub host_capabilities: Option<&'a HashSet<Capability>>,
+    /// Whether the host has the hugetlb cgroup controller (see
+    /// [`super::cgroups::hugepage_limits_for_host`]).
+    pub hugetlb: bool,
 }
 
 /// Reads the fields Berth uses from an OCI image config blob (`{"config": {...}}`).
@@ -329,7 +332,7 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
     let mut linux_builder = LinuxBuilder::default()
         .namespaces(namespaces)
         .cgroups_path(cgroups_path(input.cgroup_parent, input.container_id))
-        .resources(resources_spec(&resources, device_rules)?)
+        .resources(resources_spec(&resources, device_rules, input.hugetlb)?)
         .devices(devices)
         .sysctl(
             input
@@ -1154,6 +1157,7 @@ fn host_devices(
 fn resources_spec(
     r: &cri::LinuxContainerResources,
     devices: Vec<LinuxDeviceCgroup>,
+    hugetlb: bool,
 ) -> Result<oci_spec::runtime::LinuxResources, SpecError> {
     let mut cpu = LinuxCpuBuilder::default();
     let mut any_cpu = false;
@@ -1253,8 +1257,10 @@ fn resources_spec(
         }
     }
 
+    let limits = super::cgroups::hugepage_limits_for_host(&r.hugepage_limits, hugetlb)
+        .map_err(|(field, why)| SpecError::invalid(format!("resources.{field}"), why))?;
     let mut hugepages = Vec::new();
-    for (i, h) in r.hugepage_limits.iter().enumerate() {
+    for (i, h) in limits.iter().enumerate() {
         if h.page_size.is_empty() {
             return Err(SpecError::invalid(
                 format!("resources.hugepage_limits[{i}].page_size"),

@@ -97,6 +97,7 @@ struct Fixture {
     termination: Option<(PathBuf, PathBuf)>,
     image_volumes: HashMap<usize, PathBuf>,
     host_caps: Option<HashSet<Capability>>,
+    hugetlb: bool,
 }
 
 impl Fixture {
@@ -111,6 +112,7 @@ impl Fixture {
             termination: None,
             image_volumes: HashMap::new(),
             host_caps: None,
+            hugetlb: true,
         }
     }
 
@@ -154,6 +156,7 @@ impl Fixture {
                 .map(|(h, c)| (h.as_path(), c.as_path())),
             image_volumes: &self.image_volumes,
             host_capabilities: self.host_caps.as_ref(),
+            hugetlb: self.hugetlb,
         })
     }
 
@@ -795,6 +798,37 @@ fn namespaces_per_mode() {
     f.paths.net_ns = None;
     let e = f.run().unwrap_err();
     assert!(matches!(e, SpecError::SandboxMissing(_)) && !e.is_invalid_argument());
+}
+
+/// Without a hugetlb controller the kubelet's zero limits (one per page size) are dropped and
+/// the container is made; a limit above zero is refused naming the field.
+#[test]
+fn hugepage_limits_follow_the_hugetlb_controller() {
+    let mut f = Fixture::new("hugetlb");
+    f.hugetlb = false;
+    let zero = |page: &str| cri::HugepageLimit {
+        page_size: page.into(),
+        limit: 0,
+    };
+    f.resources().hugepage_limits = vec![zero("2MB"), zero("1GB")];
+    f.resources().cpu_shares = 2;
+    let spec = f.spec();
+    let r = linux(&spec).resources().clone().unwrap();
+    assert!(r.hugepage_limits().is_none());
+    assert_eq!(r.cpu().clone().unwrap().shares(), Some(2));
+
+    f.resources().hugepage_limits[1].limit = 1 << 30;
+    let err = f.run().unwrap_err().to_string();
+    assert!(
+        err.contains("resources.hugepage_limits[1]") && err.contains("1GB"),
+        "{err}"
+    );
+    assert!(matches!(f.run(), Err(SpecError::InvalidArgument { .. })));
+
+    f.hugetlb = true;
+    let spec = f.spec();
+    let hp = linux(&spec).resources().clone().unwrap().hugepage_limits().clone().unwrap();
+    assert_eq!(hp.len(), 2);
 }
 
 #[test]

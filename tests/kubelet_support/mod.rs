@@ -1,0 +1,441 @@
+//! A stock kubelet 1.20 (built by `hack/kubernetes.sh`) on a test berthd: its config, root dir,
+//! ports and cgroup root unique to the test, static pods from a manifest dir, and a guard that
+//! stops it and removes every cgroup and pod log dir it made, even when the test fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth::client::CriClient;
+use k8s_cri::v1 as cri;
+
+use crate::common::{Daemon, TempDir};
+
+/// A path from the environment `hack/kubernetes.sh` prints; the kubelet tests never skip.
+pub fn kube_bin(var: &str) -> PathBuf {
+    let path = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
+    });
+    let path = PathBuf::from(path);
+    assert!(path.exists(), "{var}={} does not exist", path.display());
+    path
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Runs `cmd` to completion within `timeout` (killed after it); returns (success, stdout, stderr).
+pub fn run_for(cmd: &mut Command, timeout: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A cgroup path made by the kubelet under every hierarchy, removed deepest first on drop
+/// (after whatever ran in it was killed).
+pub struct CgroupRoot {
+    pub name: String,
+}
+
+impl CgroupRoot {
+    fn new(name: String) -> Self {
+        for h in hierarchies() {
+            let _ = std::fs::create_dir_all(h.join(&name));
+        }
+        CgroupRoot { name }
+    }
+}
+
+/// Every mounted cgroup hierarchy (v1 controllers and the v2 one).
+fn hierarchies() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for line in std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+    {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        if matches!(post.split(' ').next(), Some("cgroup" | "cgroup2")) {
+            if let Some(p) = pre.split(' ').nth(4) {
+                v.push(PathBuf::from(p));
+            }
+        }
+    }
+    v
+}
+
+fn dirs_deepest_first(top: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![top.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.push(d);
+    }
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        for h in hierarchies() {
+            let top = h.join(&self.name);
+            for d in dirs_deepest_first(&top) {
+                if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                    for pid in procs.lines() {
+                        let _ = Command::new("kill").arg("-KILL").arg(pid).status();
+                    }
+                }
+                for _ in 0..50 {
+                    if std::fs::remove_dir(&d).is_ok() || !d.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+}
+
+/// How a kubelet is started.
+#[derive(Clone, Debug, Default)]
+pub struct KubeletOptions {
+    /// Register to this API server (a kubeconfig); standalone without.
+    pub kubeconfig: Option<PathBuf>,
+    /// Node name (defaults to one unique to the test).
+    pub node_name: Option<String>,
+    /// CA that signs the API server's client certificate (x509 authentication of its calls).
+    pub client_ca: Option<PathBuf>,
+    /// Extra KubeletConfiguration lines.
+    pub extra_config: String,
+}
+
+/// A running stock kubelet.
+pub struct Kubelet {
+    pub dir: TempDir,
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub port: u16,
+    pub healthz_port: u16,
+    pub node_name: String,
+    pub opts: KubeletOptions,
+    pub cgroups: CgroupRoot,
+    /// Pod UIDs whose /var/log/pods dirs are removed on drop (the kubelet's fixed log root).
+    pub pod_log_prefix: String,
+}
+
+impl Kubelet {
+    /// Starts a kubelet on `daemon`'s socket and waits for its healthz.
+    pub fn start(daemon: &Daemon, opts: KubeletOptions) -> Self {
+        let dir = TempDir::new("kubelet");
+        let tag = dir
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("kubelet")
+            .trim_start_matches("berth-it-")
+            .to_string();
+        std::fs::create_dir_all(dir.path().join("manifests")).expect("manifest dir");
+        let node_name = opts.node_name.clone().unwrap_or_else(|| tag.clone());
+        let mut k = Kubelet {
+            socket: daemon.socket(),
+            port: free_port(),
+            healthz_port: free_port(),
+            node_name,
+            cgroups: CgroupRoot::new(format!("berth-{tag}")),
+            pod_log_prefix: tag,
+            opts,
+            dir,
+            child: None,
+        };
+        k.write_config();
+        k.spawn();
+        k
+    }
+
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("kubelet.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn write_config(&self) {
+        let auth = match &self.opts.client_ca {
+            Some(ca) => format!(
+                "authentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {}}}\nauthorization: {{mode: AlwaysAllow}}\n",
+                ca.display()
+            ),
+            None => "authentication:\n  anonymous: {enabled: true}\n  webhook: {enabled: false}\nauthorization: {mode: AlwaysAllow}\n".to_string(),
+        };
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\n\
+             kind: KubeletConfiguration\n\
+             staticPodPath: {manifests}\n\
+             fileCheckFrequency: 1s\n\
+             syncFrequency: 3s\n\
+             cgroupDriver: cgroupfs\n\
+             cgroupRoot: /{cgroup}\n\
+             failSwapOn: false\n\
+             address: 127.0.0.1\n\
+             port: {port}\n\
+             readOnlyPort: 0\n\
+             healthzBindAddress: 127.0.0.1\n\
+             healthzPort: {healthz}\n\
+             makeIPTablesUtilChains: false\n\
+             serializeImagePulls: false\n\
+             nodeStatusUpdateFrequency: 2s\n\
+             evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  nodefs.inodesFree: 1%\n  imagefs.available: 1%\n\
+             {auth}{extra}\n",
+            manifests = self.manifests().display(),
+            cgroup = self.cgroups.name,
+            port = self.port,
+            healthz = self.healthz_port,
+            extra = self.opts.extra_config,
+        );
+        std::fs::write(self.dir.path().join("config.yaml"), config).expect("kubelet config");
+    }
+
+    /// The kubelet command line.
+    fn command(&self) -> Command {
+        let mut c = Command::new(kube_bin("BERTH_TEST_KUBELET"));
+        let endpoint = format!("unix://{}", self.socket.display());
+        c.arg(format!(
+            "--config={}",
+            self.dir.path().join("config.yaml").display()
+        ))
+        .arg(format!("--root-dir={}", self.dir.path().join("root").display()))
+        .arg(format!("--cert-dir={}", self.dir.path().join("pki").display()))
+        .arg("--container-runtime=remote")
+        .arg(format!("--container-runtime-endpoint={endpoint}"))
+        .arg(format!("--image-service-endpoint={endpoint}"))
+        .arg("--runtime-request-timeout=2m")
+        .arg(format!("--hostname-override={}", self.node_name))
+        .arg("--v=2");
+        if let Some(kc) = &self.opts.kubeconfig {
+            c.arg(format!("--kubeconfig={}", kc.display()));
+        }
+        c
+    }
+
+    /// Starts (again) and waits for healthz.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let err = log.try_clone().expect("log clone");
+        let child = self
+            .command()
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn kubelet");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.healthz() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("kubelet exited at start ({status}):\n{}", tail(&self.log(), 60));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("kubelet not healthy in 60 s:\n{}", tail(&self.log(), 60));
+    }
+
+    fn healthz(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.healthz_port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        buf.starts_with("HTTP/1.1 200")
+    }
+
+    /// SIGTERM, as a service manager stops it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Writes a static pod manifest (write then rename, so the kubelet never reads half).
+    pub fn write_manifest(&self, file: &str, yaml: &str) {
+        let tmp = self.dir.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests().join(file)).expect("rename manifest");
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests().join(file)).expect("remove manifest");
+    }
+
+    /// The kubelet's cgroup root, as its pods' cgroup parents start.
+    pub fn cgroup_root(&self) -> String {
+        format!("/{}", self.cgroups.name)
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.stop();
+        // The kubelet's pod log root is fixed (/var/log/pods): remove this test's pods' dirs.
+        if let Ok(rd) = std::fs::read_dir("/var/log/pods") {
+            for e in rd.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .contains(&self.pod_log_prefix)
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+}
+
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A static pod manifest: `containers` is the YAML list under `containers:` (indented 2).
+pub fn static_pod(name: &str, uid_tag: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}-{uid_tag}\n  namespace: default\nspec:\n{spec}"
+    )
+}
+
+/// Berth's containers of the pod named `pod` (the kubelet's CRI labels), newest first.
+pub async fn pod_containers(c: &CriClient, pod: &str) -> Vec<cri::Container> {
+    let mut v: Vec<cri::Container> = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                label_selector: [("io.kubernetes.pod.name".to_string(), pod.to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    v.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    v
+}
+
+/// Berth's sandboxes of the pod named `pod`.
+pub async fn pod_sandboxes(c: &CriClient, pod: &str) -> Vec<cri::PodSandbox> {
+    c.runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [("io.kubernetes.pod.name".to_string(), pod.to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items
+}
+
+/// The running container named `name` of pod `pod`, if there is one.
+pub async fn running(c: &CriClient, pod: &str, name: &str) -> Option<cri::Container> {
+    pod_containers(c, pod).await.into_iter().find(|x| {
+        x.state == cri::ContainerState::ContainerRunning as i32
+            && x.metadata.as_ref().is_some_and(|m| m.name == name)
+    })
+}
+
+/// Polls `f` until it holds, up to `timeout`; panics naming `what` with the kubelet's log tail.
+pub async fn wait_for<F, Fut>(k: &Kubelet, what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "{what}: not within {timeout:?}; kubelet log:\n{}",
+        important(&k.log())
+    );
+}
+
+/// The kubelet log's warnings and errors (klog W/E lines), last 80.
+pub fn important(log: &str) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with('W') || l.starts_with('E') || l.starts_with('F'))
+        .collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}
+
+/// The restart count the kubelet recorded on a container (its CRI annotation).
+pub fn restart_count(c: &cri::Container) -> u32 {
+    c.annotations
+        .get("io.kubernetes.container.restartCount")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
