@@ -43,7 +43,7 @@ const HEADER_TABLE_SIZE: usize = 4096;
 /// Largest header block gathered (all its frames); a larger one is refused as undecodable.
 const MAX_BLOCK: usize = 1 << 20;
 /// The block sent to `h2` in place of one that does not decode: HPACK index 0 is invalid, so
-/// `h2` ends the connection with COMPRESSION_ERROR, as it would have for the original block.
+/// `h2` ends the connection (GOAWAY) as it would have for the original block.
 const UNDECODABLE_BLOCK: [u8; 1] = [0x80];
 /// How much is read from the socket at a time.
 const READ_CHUNK: usize = 16 * 1024;

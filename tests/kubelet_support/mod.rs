@@ -149,8 +149,6 @@ pub struct Kubelet {
     pub node_name: String,
     pub opts: KubeletOptions,
     pub cgroups: CgroupRoot,
-    /// Pod UIDs whose /var/log/pods dirs are removed on drop (the kubelet's fixed log root).
-    pub pod_log_prefix: String,
 }
 
 impl Kubelet {
@@ -165,14 +163,13 @@ impl Kubelet {
             .trim_start_matches("berth-it-")
             .to_string();
         std::fs::create_dir_all(dir.path().join("manifests")).expect("manifest dir");
-        let node_name = opts.node_name.clone().unwrap_or_else(|| tag.clone());
+        let node_name = opts.node_name.clone().unwrap_or(tag.clone());
         let mut k = Kubelet {
             socket: daemon.socket(),
             port: free_port(),
             healthz_port: free_port(),
             node_name,
             cgroups: CgroupRoot::new(format!("berth-{tag}")),
-            pod_log_prefix: tag,
             opts,
             dir,
             child: None,
@@ -336,14 +333,12 @@ impl Kubelet {
 impl Drop for Kubelet {
     fn drop(&mut self) {
         self.stop();
-        // The kubelet's pod log root is fixed (/var/log/pods): remove this test's pods' dirs.
-        if let Ok(rd) = std::fs::read_dir("/var/log/pods") {
-            for e in rd.flatten() {
-                if e.file_name()
-                    .to_string_lossy()
-                    .contains(&self.pod_log_prefix)
-                {
+        // The kubelet's log roots are fixed: remove this test's pods' dirs and their links.
+        for root in ["/var/log/pods", "/var/log/containers"] {
+            for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                if e.file_name().to_string_lossy().contains(&self.node_name) {
                     let _ = std::fs::remove_dir_all(e.path());
+                    let _ = std::fs::remove_file(e.path());
                 }
             }
         }
@@ -356,11 +351,9 @@ pub fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A static pod manifest: `containers` is the YAML list under `containers:` (indented 2).
-pub fn static_pod(name: &str, uid_tag: &str, spec: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}-{uid_tag}\n  namespace: default\nspec:\n{spec}"
-    )
+/// A static pod manifest for pod `name`; `spec` is the YAML under `spec:` (indented 2).
+pub fn static_pod(name: &str, spec: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}")
 }
 
 /// Berth's containers of the pod named `pod` (the kubelet's CRI labels), newest first.
