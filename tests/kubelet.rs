@@ -111,7 +111,7 @@ async fn host_network_static_pod_runs() {
     node.write_pod(
         "host",
         &format!(
-            "  hostNetwork: true\n  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'echo started; sleep 1000']\n",
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'echo started; sleep 1000']\n",
             img = busybox()
         ),
     );
@@ -147,5 +147,167 @@ async fn host_network_static_pod_runs() {
         out.contains(&node.kubelet.cgroup_root()),
         "container cgroup under the kubelet's root: {out}"
     );
+    node.finish(&c).await;
+}
+
+/// Answer of `GET /path` on `addr` (HTTP/1.0), retried for up to 10 s until there is one.
+async fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut answer = String::new();
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(
+            &addr.parse().expect("address"),
+            Duration::from_secs(1),
+        ) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes());
+            let _ = s.read_to_string(&mut answer);
+            if !answer.is_empty() {
+                return answer;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    answer
+}
+
+/// A pod on the CNI network: an init container hands a file over through an emptyDir, the
+/// main container serves it on a hostPort; a second pod's exec and httpGet liveness probes
+/// start failing and the kubelet restarts those containers (and only those).
+#[tokio::test]
+async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
+    let node = Node::start(true);
+    let net = node.net.as_ref().expect("net");
+    let c = node.daemon.client().await;
+    let img = busybox();
+    let host_port = free_port();
+    node.write_pod(
+        "web",
+        &format!(
+            "  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: work\n    emptyDir: {{}}\n  initContainers:\n  - name: init\n    image: {img}\n    command: [sh, -c, 'echo handed-over > /work/index.html']\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n  containers:\n  - name: main\n    image: {img}\n    command: [httpd, -f, -p, '80', -h, /work]\n    ports:\n    - {{containerPort: 80, hostPort: {host_port}}}\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n"
+        ),
+    );
+    // exec: healthy until /tmp/healthy goes (after 2 s); httpGet: /healthz until it goes.
+    let probe = "periodSeconds: 1, failureThreshold: 1, initialDelaySeconds: 1";
+    node.write_pod(
+        "probed",
+        &format!(
+            "  terminationGracePeriodSeconds: 2\n  containers:\n  - name: exec-live\n    image: {img}\n    command: [sh, -c, 'touch /tmp/healthy; sleep 2; rm /tmp/healthy; sleep 1000']\n    livenessProbe: {{exec: {{command: [test, -f, /tmp/healthy]}}, {probe}}}\n  - name: http-live\n    image: {img}\n    command: [sh, -c, 'mkdir /www; echo ok > /www/healthz; httpd -p 8080 -h /www; sleep 2; rm /www/healthz; sleep 1000']\n    livenessProbe: {{httpGet: {{path: /healthz, port: 8080}}, {probe}}}\n  - name: steady\n    image: {img}\n    command: [sleep, '1000']\n"
+        ),
+    );
+    node.wait_running(&c, "web", &["main"]).await;
+    let web = node.pod("web");
+    let sandbox = pod_sandboxes(&c, &web).await.remove(0);
+    let ip = c
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner()
+        .status
+        .and_then(|s| s.network)
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    assert!(ip.starts_with(&net.prefix), "pod IP {ip} in {}", net.subnet());
+    // The init container ran to completion before main started.
+    let init = pod_containers(&c, &web)
+        .await
+        .into_iter()
+        .find(|x| x.metadata.as_ref().is_some_and(|m| m.name == "init"))
+        .expect("init container");
+    assert_eq!(init.state, cri::ContainerState::ContainerExited as i32);
+    let answer = http_get(&format!("{}:{host_port}", net.gateway()), "/index.html").await;
+    assert!(
+        answer.starts_with("HTTP/1.") && answer.contains("handed-over"),
+        "hostPort {host_port}: {answer:?}"
+    );
+    let answer = http_get(&format!("{ip}:80"), "/index.html").await;
+    assert!(answer.contains("handed-over"), "pod IP: {answer:?}");
+
+    let probed = node.pod("probed");
+    for name in ["exec-live", "http-live"] {
+        wait_for(
+            &node.kubelet,
+            &format!("{name} restarted by its liveness probe"),
+            Duration::from_secs(60),
+            || async {
+                running(&c, &probed, name)
+                    .await
+                    .is_some_and(|x| restart_count(&x) >= 1)
+            },
+        )
+        .await;
+    }
+    let steady = running(&c, &probed, "steady").await.expect("steady runs");
+    assert_eq!(restart_count(&steady), 0, "a container without a probe kept running");
+    node.finish(&c).await;
+}
+
+/// Pods keep running, unrestarted, while the kubelet restarts and while berthd restarts (the
+/// kubelet reconnects and starts new pods); a pod whose manifest goes is removed, and comes
+/// back in a new sandbox when the manifest returns.
+#[tokio::test]
+async fn restarts_of_kubelet_and_berthd_and_a_pod_removed_and_readded() {
+    let mut node = Node::start(false);
+    let c = node.daemon.client().await;
+    let spec = format!(
+        "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {}\n    command: [sleep, '1000']\n",
+        busybox()
+    );
+    node.write_pod("keep", &spec);
+    node.wait_running(&c, "keep", &["main"]).await;
+    let keep = node.pod("keep");
+    let first = running(&c, &keep, "main").await.expect("main");
+    let sandbox = pod_sandboxes(&c, &keep).await.remove(0).id;
+
+    // Kubelet restart: the same container and sandbox, nothing restarted.
+    node.kubelet.stop();
+    node.kubelet.spawn();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let after = running(&c, &keep, "main").await.expect("main after the kubelet restart");
+    assert_eq!((after.id.as_str(), restart_count(&after)), (first.id.as_str(), 0));
+    let sandboxes = pod_sandboxes(&c, &keep).await;
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    assert_eq!(sandboxes[0].id, sandbox);
+
+    // berthd restart under the kubelet: it reconnects, keeps the pod and starts a new one.
+    node.daemon.stop();
+    node.daemon.spawn();
+    let c = node.daemon.client().await;
+    node.write_pod("later", &spec);
+    node.wait_running(&c, "later", &["main"]).await;
+    let after = running(&c, &keep, "main").await.expect("main after the berthd restart");
+    assert_eq!((after.id.as_str(), restart_count(&after)), (first.id.as_str(), 0));
+    let died: Vec<String> = node
+        .kubelet
+        .log()
+        .lines()
+        .filter(|l| l.contains("ContainerDied") && l.contains(&keep))
+        .map(str::to_string)
+        .collect();
+    assert!(died.is_empty(), "nothing of {keep} died across the restarts: {died:?}");
+
+    // Removed: its sandbox goes. Re-added: a new sandbox runs it again.
+    node.kubelet.remove_manifest("keep.yaml");
+    wait_for(&node.kubelet, "pod keep removed", Duration::from_secs(60), || async {
+        pod_sandboxes(&c, &keep)
+            .await
+            .iter()
+            .all(|s| s.state != cri::PodSandboxState::SandboxReady as i32)
+    })
+    .await;
+    assert!(running(&c, &keep, "main").await.is_none());
+    node.write_pod("keep", &spec);
+    node.wait_running(&c, "keep", &["main"]).await;
+    let ready: Vec<_> = pod_sandboxes(&c, &keep)
+        .await
+        .into_iter()
+        .filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+        .collect();
+    assert_eq!(ready.len(), 1);
+    assert_ne!(ready[0].id, sandbox, "a new sandbox");
     node.finish(&c).await;
 }

@@ -416,11 +416,15 @@ where
     );
 }
 
-/// The kubelet log's warnings and errors (klog W/E lines), last 80.
+/// The kubelet log's warnings and errors (klog W/E/F lines) and its pod lifecycle lines
+/// (sync loop, probes, runtime manager), last 80.
 pub fn important(log: &str) -> String {
+    const NOISE: [&str; 2] = ["perf_event", "NoNetworkConfig"];
+    const LIFECYCLE: [&str; 4] = ["SyncLoop", "prober.go", "kuberuntime_", "pod_workers.go"];
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| l.starts_with('W') || l.starts_with('E') || l.starts_with('F'))
+        .filter(|l| l.starts_with(['W', 'E', 'F']) || LIFECYCLE.iter().any(|k| l.contains(k)))
+        .filter(|l| !NOISE.iter().any(|k| l.contains(k)))
         .collect();
     lines[lines.len().saturating_sub(80)..].join("\n")
 }
