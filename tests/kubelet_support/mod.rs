@@ -13,6 +13,8 @@ use k8s_cri::v1 as cri;
 
 use crate::common::{Daemon, TempDir};
 
+pub mod control_plane;
+
 /// A path from the environment `hack/kubernetes.sh` prints; the kubelet tests never skip.
 pub fn kube_bin(var: &str) -> PathBuf {
     let path = std::env::var(var).unwrap_or_else(|_| {
@@ -135,6 +137,9 @@ pub struct KubeletOptions {
     pub node_name: Option<String>,
     /// CA that signs the API server's client certificate (x509 authentication of its calls).
     pub client_ca: Option<PathBuf>,
+    /// The address it serves on and reports as the node's InternalIP (the kubelet refuses a
+    /// loopback node IP): a test network's host side. Default: 127.0.0.1, no node IP.
+    pub address: Option<String>,
     /// Extra KubeletConfiguration lines.
     pub extra_config: String,
 }
@@ -208,7 +213,7 @@ impl Kubelet {
              cgroupDriver: cgroupfs\n\
              cgroupRoot: /{cgroup}\n\
              failSwapOn: false\n\
-             address: 127.0.0.1\n\
+             address: {address}\n\
              port: {port}\n\
              readOnlyPort: 0\n\
              healthzBindAddress: 127.0.0.1\n\
@@ -219,6 +224,7 @@ impl Kubelet {
              evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  nodefs.inodesFree: 1%\n  imagefs.available: 1%\n\
              {auth}{extra}\n",
             manifests = self.manifests().display(),
+            address = self.opts.address.as_deref().unwrap_or("127.0.0.1"),
             cgroup = self.cgroups.name,
             port = self.port,
             healthz = self.healthz_port,
@@ -245,6 +251,9 @@ impl Kubelet {
         .arg("--v=2");
         if let Some(kc) = &self.opts.kubeconfig {
             c.arg(format!("--kubeconfig={}", kc.display()));
+        }
+        if let Some(ip) = &self.opts.address {
+            c.arg(format!("--node-ip={ip}"));
         }
         c
     }
