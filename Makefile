@@ -18,10 +18,14 @@ run: build
 	bash hack/default-cni.sh
 	./target/release/berthd $(ARGS)
 
-# The whole suite: registries and test images, unit and integration tests, lints.
+# The whole suite: registries and test images, the stock kubelet and control plane (built once,
+# cached), unit and integration tests, lints.
 test: deps
 	$(CARGO) fmt --all -- --check
-	eval "$$(bash hack/test-env.sh)" && $(CARGO) nextest run --workspace --no-fail-fast
+	mkdir -p target
+	bash hack/test-env.sh > target/test-env.sh
+	bash hack/kubernetes.sh >> target/test-env.sh
+	. target/test-env.sh && $(CARGO) nextest run --workspace --no-fail-fast
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 lint:

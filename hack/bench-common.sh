@@ -53,3 +53,23 @@ TOML
   max_conf_num = 1
 TOML
 }
+
+# push_pause DIR IMAGE: a pause image for containerd's sandboxes (busybox-static's sleep), built
+# in DIR with hack/imagebuild.py and pushed as IMAGE. Berth needs none.
+push_pause() {
+  local d=$1 image=$2 hack
+  hack=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  mkdir -p "$d/pause-root/bin"
+  ln -sf "$(command -v busybox)" "$d/pause-root/bin/busybox"
+  python3 - "$hack" "$d/pause-root" "$d/pause-oci" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import imagebuild as ib
+layout = ib.Layout(sys.argv[3])
+layer = layout.layer(ib.busybox_layer(sys.argv[2]), "gzip", "busybox-static rootfs")
+config = {"Env": [ib.PATH_ENV], "Entrypoint": ["/bin/sleep", "2147483647"]}
+layout.tag(layout.image([layer], config), "pause")
+layout.close()
+PY
+  skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$d/pause-oci:pause" "docker://$image"
+}

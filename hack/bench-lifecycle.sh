@@ -189,24 +189,6 @@ ratio() { if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f'
 # shellcheck source=hack/bench-common.sh
 . "$here/bench-common.sh"
 
-# A pause image for containerd's sandboxes: busybox-static's sleep, built locally with
-# hack/imagebuild.py and pushed to the test registry. Berth needs none.
-push_pause() {
-  mkdir -p "$W/pause-root/bin"
-  ln -s "$(command -v busybox)" "$W/pause-root/bin/busybox"
-  python3 - "$here" "$W/pause-root" "$W/pause-oci" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1])
-import imagebuild as ib
-layout = ib.Layout(sys.argv[3])
-layer = layout.layer(ib.busybox_layer(sys.argv[2]), "gzip", "busybox-static rootfs")
-config = {"Env": [ib.PATH_ENV], "Entrypoint": ["/bin/sleep", "2147483647"]}
-layout.tag(layout.image([layer], config), "pause")
-layout.close()
-PY
-  skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$W/pause-oci:pause" "docker://$PAUSE"
-}
-
 start_berthd() {
   local d=$W/berth net=() level=${BERTH_LOG_LEVEL:-warn}
   mkdir -p "$d"
@@ -289,7 +271,7 @@ else
 fi
 echo "pods: $N ($( [ "$PARALLEL" = 1 ] && echo sequential || echo "$PARALLEL at a time"), $netdesc, after $WARMUP warm-up pods)   image: $IMAGE"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-push_pause
+push_pause "$W" "$PAUSE"
 start_berthd
 start_containerd
 "$BERTHCTL" -r "$W/containerd/containerd.sock" pull -q "$PAUSE" >/dev/null

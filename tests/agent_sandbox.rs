@@ -6,11 +6,10 @@ mod agent_support;
 mod cni_support;
 mod common;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use agent_support::*;
-use common::image;
+use common::{http_get, image};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_pod_settings_reach_the_pod() {
@@ -66,21 +65,7 @@ async fn manifest_pod_settings_reach_the_pod() {
 
     // The hostPort answers from the host (the bridge's address is the host's side).
     let target = format!("{}:{host_port}", net.gateway());
-    let mut answer = String::new();
-    for _ in 0..50 {
-        if let Ok(mut s) = std::net::TcpStream::connect_timeout(
-            &target.parse().expect("address"),
-            Duration::from_secs(1),
-        ) {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
-            let _ = s.read_to_string(&mut answer);
-            if !answer.is_empty() {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let answer = http_get(&target, "/").await;
     assert!(answer.starts_with("HTTP/1."), "{target}: {answer:?}");
     a.finish().await;
 }

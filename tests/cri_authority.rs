@@ -158,7 +158,12 @@ async fn socket_path_authority_literal_and_indexed() {
     let req = a2::VersionRequest {
         version: "0.1.0".into(),
     };
-    out.extend(frame(DATA, END_STREAM, 1, &grpc_message(&req.encode_to_vec())));
+    out.extend(frame(
+        DATA,
+        END_STREAM,
+        1,
+        &grpc_message(&req.encode_to_vec()),
+    ));
 
     // Stream 3: a new :path (entering the table as 62), everything else by dynamic-table
     // index: te (now 63), user-agent (64), content-type (65), :authority (66).
@@ -169,18 +174,30 @@ async fn socket_path_authority_literal_and_indexed() {
     let req = cri::VersionRequest {
         version: "v1".into(),
     };
-    out.extend(frame(DATA, END_STREAM, 3, &grpc_message(&req.encode_to_vec())));
+    out.extend(frame(
+        DATA,
+        END_STREAM,
+        3,
+        &grpc_message(&req.encode_to_vec()),
+    ));
     sock.write_all(&out).await.expect("send requests");
 
     let replies = read_replies(&mut sock, &[1, 3]).await;
     for (r, stream) in replies.iter().zip([1, 3]) {
         assert_eq!(r.reset, None, "stream {stream} was reset: {r:?}");
         assert_eq!(header(r, ":status"), Some("200"), "stream {stream}: {r:?}");
-        assert_eq!(header(r, "grpc-status"), Some("0"), "stream {stream}: {r:?}");
+        assert_eq!(
+            header(r, "grpc-status"),
+            Some("0"),
+            "stream {stream}: {r:?}"
+        );
     }
     let v1alpha2 = a2::VersionResponse::decode(body(&replies[0])).expect("v1alpha2 reply");
     assert_eq!(
-        (v1alpha2.runtime_name.as_str(), v1alpha2.runtime_api_version.as_str()),
+        (
+            v1alpha2.runtime_name.as_str(),
+            v1alpha2.runtime_api_version.as_str()
+        ),
         ("berth", "v1alpha2")
     );
     let v1 = cri::VersionResponse::decode(body(&replies[1])).expect("v1 reply");

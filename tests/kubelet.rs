@@ -111,7 +111,7 @@ async fn host_network_static_pod_runs() {
     node.write_pod(
         "host",
         &format!(
-            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'echo started; sleep 1000']\n",
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'echo started; sleep 1000']\n    resources:\n      limits: {{cpu: 200m, memory: 64Mi}}\n",
             img = busybox()
         ),
     );
@@ -147,28 +147,40 @@ async fn host_network_static_pod_runs() {
         out.contains(&node.kubelet.cgroup_root()),
         "container cgroup under the kubelet's root: {out}"
     );
-    node.finish(&c).await;
-}
-
-/// Answer of `GET /path` on `addr` (HTTP/1.0), retried for up to 10 s until there is one.
-async fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut answer = String::new();
-    for _ in 0..100 {
-        if let Ok(mut s) = std::net::TcpStream::connect_timeout(
-            &addr.parse().expect("address"),
-            Duration::from_secs(1),
-        ) {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let _ = s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes());
-            let _ = s.read_to_string(&mut answer);
-            if !answer.is_empty() {
-                return answer;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // The kubelet's cpu quota/period and memory limit reached the container's cgroup (a
+    // Guaranteed pod: limits are requests).
+    let cgroup_of = |controller: &str| -> String {
+        out.lines()
+            .find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, names, path) = (parts.next()?, parts.next()?, parts.next()?);
+                names
+                    .split(',')
+                    .any(|n| n == controller)
+                    .then(|| path.to_string())
+            })
+            .unwrap_or_default()
+    };
+    let read = |controller: &str, dir: &str, file: &str| {
+        std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/{dir}{}/{file}",
+            cgroup_of(controller)
+        ))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+    };
+    if std::path::Path::new("/sys/fs/cgroup/memory").exists() {
+        assert_eq!(
+            read("memory", "memory", "memory.limit_in_bytes"),
+            "67108864"
+        );
+        assert_eq!(read("cpu", "cpu", "cpu.cfs_quota_us"), "20000");
+        assert_eq!(read("cpu", "cpu", "cpu.cfs_period_us"), "100000");
+    } else {
+        assert_eq!(read("", "", "memory.max"), "67108864");
+        assert_eq!(read("", "", "cpu.max"), "20000 100000");
     }
-    answer
+    node.finish(&c).await;
 }
 
 /// A pod on the CNI network: an init container hands a file over through an emptyDir, the
@@ -211,7 +223,11 @@ async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
         .and_then(|s| s.network)
         .map(|n| n.ip)
         .unwrap_or_default();
-    assert!(ip.starts_with(&net.prefix), "pod IP {ip} in {}", net.subnet());
+    assert!(
+        ip.starts_with(&net.prefix),
+        "pod IP {ip} in {}",
+        net.subnet()
+    );
     // The init container ran to completion before main started.
     let init = pod_containers(&c, &web)
         .await
@@ -242,7 +258,11 @@ async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
         .await;
     }
     let steady = running(&c, &probed, "steady").await.expect("steady runs");
-    assert_eq!(restart_count(&steady), 0, "a container without a probe kept running");
+    assert_eq!(
+        restart_count(&steady),
+        0,
+        "a container without a probe kept running"
+    );
     node.finish(&c).await;
 }
 
@@ -267,8 +287,13 @@ async fn restarts_of_kubelet_and_berthd_and_a_pod_removed_and_readded() {
     node.kubelet.stop();
     node.kubelet.spawn();
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let after = running(&c, &keep, "main").await.expect("main after the kubelet restart");
-    assert_eq!((after.id.as_str(), restart_count(&after)), (first.id.as_str(), 0));
+    let after = running(&c, &keep, "main")
+        .await
+        .expect("main after the kubelet restart");
+    assert_eq!(
+        (after.id.as_str(), restart_count(&after)),
+        (first.id.as_str(), 0)
+    );
     let sandboxes = pod_sandboxes(&c, &keep).await;
     assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     assert_eq!(sandboxes[0].id, sandbox);
@@ -279,8 +304,13 @@ async fn restarts_of_kubelet_and_berthd_and_a_pod_removed_and_readded() {
     let c = node.daemon.client().await;
     node.write_pod("later", &spec);
     node.wait_running(&c, "later", &["main"]).await;
-    let after = running(&c, &keep, "main").await.expect("main after the berthd restart");
-    assert_eq!((after.id.as_str(), restart_count(&after)), (first.id.as_str(), 0));
+    let after = running(&c, &keep, "main")
+        .await
+        .expect("main after the berthd restart");
+    assert_eq!(
+        (after.id.as_str(), restart_count(&after)),
+        (first.id.as_str(), 0)
+    );
     let died: Vec<String> = node
         .kubelet
         .log()
@@ -288,16 +318,24 @@ async fn restarts_of_kubelet_and_berthd_and_a_pod_removed_and_readded() {
         .filter(|l| l.contains("ContainerDied") && l.contains(&keep))
         .map(str::to_string)
         .collect();
-    assert!(died.is_empty(), "nothing of {keep} died across the restarts: {died:?}");
+    assert!(
+        died.is_empty(),
+        "nothing of {keep} died across the restarts: {died:?}"
+    );
 
     // Removed: its sandbox goes. Re-added: a new sandbox runs it again.
     node.kubelet.remove_manifest("keep.yaml");
-    wait_for(&node.kubelet, "pod keep removed", Duration::from_secs(60), || async {
-        pod_sandboxes(&c, &keep)
-            .await
-            .iter()
-            .all(|s| s.state != cri::PodSandboxState::SandboxReady as i32)
-    })
+    wait_for(
+        &node.kubelet,
+        "pod keep removed",
+        Duration::from_secs(60),
+        || async {
+            pod_sandboxes(&c, &keep)
+                .await
+                .iter()
+                .all(|s| s.state != cri::PodSandboxState::SandboxReady as i32)
+        },
+    )
     .await;
     assert!(running(&c, &keep, "main").await.is_none());
     node.write_pod("keep", &spec);

@@ -37,26 +37,17 @@ impl Cluster {
         let args = net.daemon_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let daemon = Daemon::start_with(&args);
-        let kubelet = Kubelet::start(
-            &daemon,
-            KubeletOptions {
-                kubeconfig: Some(cp.node_kubeconfig()),
-                node_name: Some(node.clone()),
-                client_ca: Some(cp.ca()),
-                address: Some(net.gateway()),
-                extra_config: String::new(),
+        let kubelet = Kubelet::start(&daemon, cp.kubelet_options(&node, &net));
+        cp.wait_node_ready(&node);
+        cp.kubectl_ok(&["create", "namespace", &node]);
+        cp.wait(
+            "the namespace's service account",
+            Duration::from_secs(60),
+            |cp| {
+                cp.kubectl(&["-n", &node, "get", "serviceaccount", "default"])
+                    .0
             },
         );
-        cp.wait("the node Ready", Duration::from_secs(90), |cp| {
-            cp.jsonpath(
-                &["node", &node],
-                "{.status.conditions[?(@.type==\"Ready\")].status}",
-            ) == "True"
-        });
-        cp.kubectl_ok(&["create", "namespace", &node]);
-        cp.wait("the namespace's service account", Duration::from_secs(60), |cp| {
-            cp.kubectl(&["-n", &node, "get", "serviceaccount", "default"]).0
-        });
         Cluster {
             kubelet,
             daemon,
@@ -121,14 +112,27 @@ async fn kubectl_through_the_kubelet_into_berth() {
     let ip = cl.pod_path("web", "{.status.podIP}");
     assert!(ip.starts_with(&cl.net.prefix), "pod IP {ip}");
     cl.cp.wait("kubectl logs", Duration::from_secs(30), |_| {
-        cl.cp.kubectl(&["-n", &cl.ns, "logs", "web"]).1.contains("web up")
+        cl.cp
+            .kubectl(&["-n", &cl.ns, "logs", "web"])
+            .1
+            .contains("web up")
     });
 
     // exec with stdin.
     let mut child = cl
         .cp
         .kubectl_command()
-        .args(["-n", &cl.ns, "exec", "-i", "web", "--", "sh", "-c", "cat; echo :done"])
+        .args([
+            "-n",
+            &cl.ns,
+            "exec",
+            "-i",
+            "web",
+            "--",
+            "sh",
+            "-c",
+            "cat; echo :done",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -166,7 +170,13 @@ async fn kubectl_through_the_kubelet_into_berth() {
     let mut pf = cl
         .cp
         .kubectl_command()
-        .args(["-n", &cl.ns, "port-forward", "pod/web", &format!("{local}:80")])
+        .args([
+            "-n",
+            &cl.ns,
+            "port-forward",
+            "pod/web",
+            &format!("{local}:80"),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -186,11 +196,25 @@ async fn kubectl_through_the_kubelet_into_berth() {
     }
     let _ = pf.kill();
     let _ = pf.wait();
-    assert!(answer.contains("served-by-berth"), "port-forward: {answer:?}");
+    assert!(
+        answer.contains("served-by-berth"),
+        "port-forward: {answer:?}"
+    );
 
     // configMap and secret: env and volumes, the service-account token, an update in place.
-    cl.k(&["create", "configmap", "conf", "--from-literal=greeting=hello-cm"]);
-    cl.k(&["create", "secret", "generic", "sec", "--from-literal=password=s3cret"]);
+    cl.k(&[
+        "create",
+        "configmap",
+        "conf",
+        "--from-literal=greeting=hello-cm",
+    ]);
+    cl.k(&[
+        "create",
+        "secret",
+        "generic",
+        "sec",
+        "--from-literal=password=s3cret",
+    ]);
     cl.create_pod(
         "config",
         &format!(
@@ -199,22 +223,44 @@ async fn kubectl_through_the_kubelet_into_berth() {
     );
     cl.wait_phase("config", "Running");
     cl.cp.wait("env in the log", Duration::from_secs(30), |_| {
-        cl.cp.kubectl(&["-n", &cl.ns, "logs", "config"]).1.contains("env hello-cm s3cret")
+        cl.cp
+            .kubectl(&["-n", &cl.ns, "logs", "config"])
+            .1
+            .contains("env hello-cm s3cret")
     });
     let files = cl.k(&[
         "exec", "config", "--", "sh", "-c",
         "cat /cm/greeting /sec/password; echo; wc -c < /var/run/secrets/kubernetes.io/serviceaccount/token",
     ]);
     assert!(files.starts_with("hello-cms3cret\n"), "{files:?}");
-    let token_len: usize = files.lines().last().unwrap_or("").trim().parse().unwrap_or(0);
-    assert!(token_len > 100, "service-account token of {token_len} bytes");
-    cl.k(&["patch", "configmap", "conf", "-p", "{\"data\":{\"greeting\":\"updated\"}}"]);
-    cl.cp.wait("the configMap update in place", Duration::from_secs(120), |_| {
-        cl.cp
-            .kubectl(&["-n", &cl.ns, "exec", "config", "--", "cat", "/cm/greeting"])
-            .1
-            == "updated"
-    });
+    let token_len: usize = files
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        token_len > 100,
+        "service-account token of {token_len} bytes"
+    );
+    cl.k(&[
+        "patch",
+        "configmap",
+        "conf",
+        "-p",
+        "{\"data\":{\"greeting\":\"updated\"}}",
+    ]);
+    cl.cp.wait(
+        "the configMap update in place",
+        Duration::from_secs(120),
+        |_| {
+            cl.cp
+                .kubectl(&["-n", &cl.ns, "exec", "config", "--", "cat", "/cm/greeting"])
+                .1
+                == "updated"
+        },
+    );
 
     // Termination message: once, not doubled (the kubelet appends its file to the message).
     cl.create_pod(
@@ -225,47 +271,72 @@ async fn kubectl_through_the_kubelet_into_berth() {
     );
     cl.wait_phase("done", "Succeeded");
     let terminated = "{.status.containerStatuses[0].state.terminated";
-    assert_eq!(cl.pod_path("done", &format!("{terminated}.message}}")), "DONE");
-    assert_eq!(cl.pod_path("done", &format!("{terminated}.reason}}")), "Completed");
+    assert_eq!(
+        cl.pod_path("done", &format!("{terminated}.message}}")),
+        "DONE"
+    );
+    assert_eq!(
+        cl.pod_path("done", &format!("{terminated}.reason}}")),
+        "Completed"
+    );
 
     // CrashLoopBackOff.
     cl.create_pod(
         "crash",
-        &format!("  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'exit 3']\n"),
+        &format!(
+            "  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, 'exit 3']\n"
+        ),
     );
-    cl.cp.wait("CrashLoopBackOff", Duration::from_secs(90), |_| {
-        cl.pod_path("crash", "{.status.containerStatuses[0].state.waiting.reason}")
-            == "CrashLoopBackOff"
-    });
+    cl.cp
+        .wait("CrashLoopBackOff", Duration::from_secs(90), |_| {
+            cl.pod_path(
+                "crash",
+                "{.status.containerStatuses[0].state.waiting.reason}",
+            ) == "CrashLoopBackOff"
+        });
     assert_eq!(
-        cl.pod_path("crash", "{.status.containerStatuses[0].lastState.terminated.exitCode}"),
+        cl.pod_path(
+            "crash",
+            "{.status.containerStatuses[0].lastState.terminated.exitCode}"
+        ),
         "3"
     );
 
     // /stats/summary through the API server's node proxy: the pods' cpu and memory.
     let path = format!("/api/v1/nodes/{}/proxy/stats/summary", cl.node());
     let mut summary = serde_json::Value::Null;
-    cl.cp.wait("stats/summary with the web pod", Duration::from_secs(60), |cp| {
-        summary = serde_json::from_str(&cp.kubectl(&["get", "--raw", &path]).1)
-            .unwrap_or(serde_json::Value::Null);
-        summary["pods"].as_array().is_some_and(|pods| {
-            pods.iter().any(|p| {
-                p["podRef"]["name"] == "web"
-                    && p["cpu"]["usageNanoCores"].is_u64()
-                    && p["memory"]["workingSetBytes"].as_u64().is_some_and(|m| m > 0)
+    cl.cp.wait(
+        "stats/summary with the web pod",
+        Duration::from_secs(60),
+        |cp| {
+            summary = serde_json::from_str(&cp.kubectl(&["get", "--raw", &path]).1)
+                .unwrap_or(serde_json::Value::Null);
+            summary["pods"].as_array().is_some_and(|pods| {
+                pods.iter().any(|p| {
+                    p["podRef"]["name"] == "web"
+                        && p["cpu"]["usageNanoCores"].is_u64()
+                        && p["memory"]["workingSetBytes"]
+                            .as_u64()
+                            .is_some_and(|m| m > 0)
+                })
             })
-        })
-    });
+        },
+    );
 
     // Deletion with grace: gone from the API server, and from Berth.
     let c = cl.daemon.client().await;
     cl.k(&["delete", "pod", "web", "--grace-period=2", "--wait=true"]);
-    wait_for(&cl.kubelet, "web's sandbox gone from Berth", Duration::from_secs(60), || async {
-        pod_sandboxes(&c, "web")
-            .await
-            .iter()
-            .all(|s| s.state != k8s_cri::v1::PodSandboxState::SandboxReady as i32)
-    })
+    wait_for(
+        &cl.kubelet,
+        "web's sandbox gone from Berth",
+        Duration::from_secs(60),
+        || async {
+            pod_sandboxes(&c, "web")
+                .await
+                .iter()
+                .all(|s| s.state != k8s_cri::v1::PodSandboxState::SandboxReady as i32)
+        },
+    )
     .await;
     cl.k(&["delete", "pod", "--all", "--grace-period=1", "--wait=true"]);
 }

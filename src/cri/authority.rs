@@ -257,7 +257,13 @@ impl Rewriter {
     /// Sends `h2` a header block it cannot decode on `stream` and stops rewriting.
     fn undecodable(&mut self, stream: u32, out: &mut BytesMut) {
         self.block = None;
-        FrameHeader::write(out, UNDECODABLE_BLOCK.len(), TYPE_HEADERS, FLAG_END_HEADERS, stream);
+        FrameHeader::write(
+            out,
+            UNDECODABLE_BLOCK.len(),
+            TYPE_HEADERS,
+            FLAG_END_HEADERS,
+            stream,
+        );
         out.extend_from_slice(&UNDECODABLE_BLOCK);
         self.state = State::Opaque;
     }
@@ -265,10 +271,7 @@ impl Rewriter {
 
 /// Splits a HEADERS payload into its priority fields and header block fragment, without the
 /// padding; None when the flags claim more than the payload holds.
-fn split_headers_payload(
-    flags: u8,
-    payload: &[u8],
-) -> Option<(Option<[u8; PRIORITY_LEN]>, &[u8])> {
+fn split_headers_payload(flags: u8, payload: &[u8]) -> Option<(Option<[u8; PRIORITY_LEN]>, &[u8])> {
     let mut rest = payload;
     if flags & FLAG_PADDED != 0 {
         let (&pad, after) = rest.split_first()?;
@@ -381,12 +384,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFilter<S> {
                 return Poll::Ready(Ok(()));
             }
             this.raw.reserve(READ_CHUNK);
-            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.raw)
-            {
-                Poll::Ready(Ok(n)) => n,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            };
+            let n =
+                match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.raw) {
+                    Poll::Ready(Ok(n)) => n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                };
             if n == 0 {
                 // The client went away mid-frame: `h2` sees the same truncated frame.
                 this.eof = true;
@@ -471,7 +474,10 @@ mod tests {
             let fragment = match h.kind {
                 TYPE_HEADERS => {
                     assert!(current.is_none());
-                    split_headers_payload(h.flags, &payload).expect("valid").1.to_vec()
+                    split_headers_payload(h.flags, &payload)
+                        .expect("valid")
+                        .1
+                        .to_vec()
                 }
                 TYPE_CONTINUATION => payload,
                 _ => continue,
@@ -495,7 +501,10 @@ mod tests {
         vec![
             (b":method".to_vec(), b"POST".to_vec()),
             (b":scheme".to_vec(), b"http".to_vec()),
-            (b":path".to_vec(), b"/runtime.v1alpha2.RuntimeService/Version".to_vec()),
+            (
+                b":path".to_vec(),
+                b"/runtime.v1alpha2.RuntimeService/Version".to_vec(),
+            ),
             (b":authority".to_vec(), authority.to_vec()),
             (b"content-type".to_vec(), b"application/grpc".to_vec()),
             (b"te".to_vec(), b"trailers".to_vec()),
@@ -503,7 +512,10 @@ mod tests {
     }
 
     fn without_authority(f: &[(Vec<u8>, Vec<u8>)]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        f.iter().filter(|(n, _)| n != b":authority").cloned().collect()
+        f.iter()
+            .filter(|(n, _)| n != b":authority")
+            .cloned()
+            .collect()
     }
 
     fn rewrite_all(input: &[u8]) -> Vec<u8> {
@@ -537,10 +549,16 @@ mod tests {
         assert_eq!(blocks[0], (1, without_authority(&fields)));
         assert_eq!(blocks[1], (3, without_authority(&fields)));
         // SETTINGS and DATA pass unchanged, in order.
-        let kinds: Vec<u8> = frames(&out[PREFACE_LEN..]).iter().map(|(h, _)| h.kind).collect();
+        let kinds: Vec<u8> = frames(&out[PREFACE_LEN..])
+            .iter()
+            .map(|(h, _)| h.kind)
+            .collect();
         assert_eq!(kinds, vec![0x4, TYPE_HEADERS, 0x0, TYPE_HEADERS]);
         let data = &frames(&out[PREFACE_LEN..])[2];
-        assert_eq!((data.0.flags, &data.1[..]), (FLAG_END_STREAM, &[0u8; 5][..]));
+        assert_eq!(
+            (data.0.flags, &data.1[..]),
+            (FLAG_END_STREAM, &[0u8; 5][..])
+        );
     }
 
     #[test]
@@ -551,7 +569,12 @@ mod tests {
             encode_literal(&mut block, n, v);
         }
         let mut input = PREFACE.to_vec();
-        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, 1, &block));
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            1,
+            &block,
+        ));
         let out = rewrite_all(&input);
         assert_eq!(decode_blocks(&out), vec![(1, fields)]);
         let (h, _) = &frames(&out[PREFACE_LEN..])[0];
@@ -573,7 +596,12 @@ mod tests {
         payload.extend_from_slice(a);
         payload.extend_from_slice(&[0, 0, 0]);
         let mut input = PREFACE.to_vec();
-        input.extend(frame(TYPE_HEADERS, FLAG_PADDED | FLAG_PRIORITY, 5, &payload));
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_PRIORITY,
+            5,
+            &payload,
+        ));
         input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 5, b));
         let whole = rewrite_all(&input);
 
@@ -603,8 +631,17 @@ mod tests {
         let mut input = PREFACE.to_vec();
         for (i, chunk) in block.chunks(MAX_FRAME_PAYLOAD).enumerate() {
             let last = (i + 1) * MAX_FRAME_PAYLOAD >= block.len();
-            let kind = if i == 0 { TYPE_HEADERS } else { TYPE_CONTINUATION };
-            input.extend(frame(kind, if last { FLAG_END_HEADERS } else { 0 }, 1, chunk));
+            let kind = if i == 0 {
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            input.extend(frame(
+                kind,
+                if last { FLAG_END_HEADERS } else { 0 },
+                1,
+                chunk,
+            ));
         }
         let out = rewrite_all(&input);
         let fs = frames(&out[PREFACE_LEN..]);
@@ -634,7 +671,12 @@ mod tests {
     #[test]
     fn frame_errors_pass_through_unchanged() {
         let mut input = PREFACE.to_vec();
-        input.extend(frame(TYPE_HEADERS, FLAG_PADDED | FLAG_END_HEADERS, 1, &[9, 1]));
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_END_HEADERS,
+            1,
+            &[9, 1],
+        ));
         assert_eq!(rewrite_all(&input), input);
 
         let mut input = PREFACE.to_vec();

@@ -263,12 +263,19 @@ mod tests {
 
     #[test]
     fn controllers_are_found_by_hierarchy_name() {
-        let l = Layout::V1(vec!["/sys/fs/cgroup/cpu,cpuacct".into(), "/sys/fs/cgroup/memory".into()]);
+        let l = Layout::V1(vec![
+            "/sys/fs/cgroup/cpu,cpuacct".into(),
+            "/sys/fs/cgroup/memory".into(),
+        ]);
         assert!(l.has_controller("cpuacct") && l.has_controller("memory"));
         assert!(!l.has_controller("hugetlb") && !l.has_controller("cpu,cpuacct"));
         let dir = std::env::temp_dir().join(format!("berth-cg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::write(dir.join("cgroup.controllers"), "cpuset cpu io memory pids\n").expect("write");
+        std::fs::write(
+            dir.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .expect("write");
         let l = Layout::V2(dir.clone());
         assert!(l.has_controller("memory") && !l.has_controller("hugetlb"));
         std::fs::remove_dir_all(&dir).ok();
@@ -276,7 +283,10 @@ mod tests {
 
     #[test]
     fn hugepage_limits_without_hugetlb() {
-        let hp = |page: &str, limit| k8s_cri::v1::HugepageLimit { page_size: page.into(), limit };
+        let hp = |page: &str, limit| k8s_cri::v1::HugepageLimit {
+            page_size: page.into(),
+            limit,
+        };
         let zeros = vec![hp("2MB", 0), hp("1GB", 0)];
         assert_eq!(hugepage_limits_for_host(&zeros, false), Ok(vec![]));
         assert_eq!(hugepage_limits_for_host(&zeros, true), Ok(zeros.clone()));

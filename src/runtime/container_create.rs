@@ -303,7 +303,9 @@ impl Prepared {
                 Err(berth_snapshotter::Error::NotFound(_)) => {
                     tracing::debug!(snapshot = %key, "container snapshot already removed");
                 }
-                Err(e) => tracing::warn!(snapshot = %key, error = %e, "removing container snapshot"),
+                Err(e) => {
+                    tracing::warn!(snapshot = %key, error = %e, "removing container snapshot")
+                }
             }
         }
         if let Some(bundle) = self.bundle.take() {

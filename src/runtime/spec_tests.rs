@@ -827,7 +827,13 @@ fn hugepage_limits_follow_the_hugetlb_controller() {
 
     f.hugetlb = true;
     let spec = f.spec();
-    let hp = linux(&spec).resources().clone().unwrap().hugepage_limits().clone().unwrap();
+    let hp = linux(&spec)
+        .resources()
+        .clone()
+        .unwrap()
+        .hugepage_limits()
+        .clone()
+        .unwrap();
     assert_eq!(hp.len(), 2);
 }
 

@@ -162,19 +162,7 @@ impl Daemon {
 
     /// Starts (again) and waits for the socket to answer.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("log file");
-        let err = log.try_clone().expect("log clone");
-        let child = self
-            .command()
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn berthd");
-        self.child = Some(child);
+        self.child = Some(spawn_logged(&mut self.command(), &self.log_path()));
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
@@ -242,6 +230,20 @@ impl Drop for Daemon {
         self.stop();
         kill_leftovers(self.dir.path());
     }
+}
+
+/// Spawns `cmd` with stdout and stderr appended to the file `log`.
+pub fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let err = file.try_clone().expect("log clone");
+    cmd.stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()))
 }
 
 /// Kills whatever a daemon rooted in `dir` left running (a test that failed half-way):
@@ -554,4 +556,25 @@ pub async fn remove_pod(c: &CriClient, id: &str) {
         })
         .await
         .expect("RemovePodSandbox");
+}
+
+/// Answer of `GET /path` on `addr` (HTTP/1.0), retried for up to 10 s until there is one.
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut answer = String::new();
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(
+            &addr.parse().expect("address"),
+            Duration::from_secs(1),
+        ) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes());
+            let _ = s.read_to_string(&mut answer);
+            if !answer.is_empty() {
+                return answer;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    answer
 }

@@ -4,11 +4,11 @@
 //! authorizer on, and a kubectl 1.20 pointed at it. Everything stops on drop.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use super::{free_port, kube_bin, run_for, tail};
-use crate::common::TempDir;
+use super::{KubeletOptions, free_port, kube_bin, run_for, tail};
+use crate::common::{TempDir, spawn_logged};
 
 /// The service network (virtual: nothing is routed to it), inside the CRI test range.
 const SERVICE_RANGE: &str = "10.190.0.0/24";
@@ -35,8 +35,8 @@ fn issue(dir: &Path, name: &str, subject: &str, sans: Option<&str>) {
     openssl(
         dir,
         &[
-            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr,
-            "-subj", subject,
+            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+            subject,
         ],
     );
     let ext = format!("{name}.ext");
@@ -50,8 +50,21 @@ fn issue(dir: &Path, name: &str, subject: &str, sans: Option<&str>) {
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "2", "-extfile", &ext,
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
         ],
     );
 }
@@ -73,19 +86,42 @@ impl ControlPlane {
         openssl(
             &d,
             &[
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-                "ca.crt", "-days", "2", "-subj", "/CN=berth-test-ca",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=berth-test-ca",
             ],
         );
         issue(
             &d,
             "apiserver",
             "/CN=kube-apiserver",
-            Some(&format!("IP:127.0.0.1,DNS:localhost,IP:{SERVICE_IP},DNS:kubernetes.default.svc")),
+            Some(&format!(
+                "IP:127.0.0.1,DNS:localhost,IP:{SERVICE_IP},DNS:kubernetes.default.svc"
+            )),
         );
-        issue(&d, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", None);
+        issue(
+            &d,
+            "apiserver-kubelet-client",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            None,
+        );
         issue(&d, "admin", "/O=system:masters/CN=admin", None);
-        issue(&d, "node", &format!("/O=system:nodes/CN=system:node:{node_name}"), None);
+        issue(
+            &d,
+            "node",
+            &format!("/O=system:nodes/CN=system:node:{node_name}"),
+            None,
+        );
         openssl(&d, &["genrsa", "-out", "sa.key", "2048"]);
         openssl(&d, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
 
@@ -107,7 +143,9 @@ impl ControlPlane {
                 .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
                 .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
                 .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-                .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
                 .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
                 .arg("--name=default"),
         );
@@ -125,11 +163,20 @@ impl ControlPlane {
                 .arg(format!("--client-ca-file={}", f("ca.crt")))
                 .arg(format!("--tls-cert-file={}", f("apiserver.crt")))
                 .arg(format!("--tls-private-key-file={}", f("apiserver.key")))
-                .arg(format!("--kubelet-client-certificate={}", f("apiserver-kubelet-client.crt")))
-                .arg(format!("--kubelet-client-key={}", f("apiserver-kubelet-client.key")))
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    f("apiserver-kubelet-client.crt")
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    f("apiserver-kubelet-client.key")
+                ))
                 .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
                 .arg(format!("--service-account-key-file={}", f("sa.pub")))
-                .arg(format!("--service-account-signing-key-file={}", f("sa.key")))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    f("sa.key")
+                ))
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
                 .arg("--api-audiences=https://kubernetes.default.svc")
                 .arg("--authorization-mode=Node,RBAC")
@@ -148,16 +195,43 @@ impl ControlPlane {
                 .arg("--port=0")
                 .arg("--secure-port=0")
                 .arg("--leader-elect=false")
-                .arg(format!("--service-account-private-key-file={}", f("sa.key")))
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    f("sa.key")
+                ))
                 .arg(format!("--root-ca-file={}", f("ca.crt")))
                 .arg("--node-monitor-grace-period=20s")
                 .arg("--node-monitor-period=2s"),
         );
-        cp.wait("the default service account", Duration::from_secs(90), |cp| {
-            cp.kubectl(&["get", "serviceaccount", "default", "-o", "name"]).0
-                && cp.kubectl(&["get", "secrets", "-o", "name"]).1.contains("default-token")
-        });
+        cp.wait(
+            "the default service account",
+            Duration::from_secs(90),
+            |cp| {
+                cp.kubectl(&["get", "serviceaccount", "default", "-o", "name"])
+                    .0
+                    && cp
+                        .kubectl(&["get", "secrets", "-o", "name"])
+                        .1
+                        .contains("default-token")
+            },
+        );
         cp
+    }
+
+    /// Starts kube-scheduler (tests that create pods without a node name need it).
+    pub fn start_scheduler(&mut self) {
+        let admin = self.admin.display().to_string();
+        self.spawn(
+            "kube-scheduler",
+            Command::new(kube_bin("BERTH_TEST_KUBE_SCHEDULER"))
+                .arg(format!("--kubeconfig={admin}"))
+                .arg(format!("--authentication-kubeconfig={admin}"))
+                .arg(format!("--authorization-kubeconfig={admin}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--port=0")
+                .arg(format!("--secure-port={}", free_port()))
+                .arg("--leader-elect=false"),
+        );
     }
 
     fn write_kubeconfig(&self, file: &str, who: &str) {
@@ -174,6 +248,27 @@ impl ControlPlane {
         std::fs::write(d.join(file), text).expect("kubeconfig");
     }
 
+    /// Options for a kubelet registered here as `node`, serving on `net`'s host side.
+    pub fn kubelet_options(&self, node: &str, net: &crate::cni_support::TestNet) -> KubeletOptions {
+        KubeletOptions {
+            kubeconfig: Some(self.node_kubeconfig()),
+            node_name: Some(node.to_string()),
+            client_ca: Some(self.ca()),
+            address: Some(net.gateway()),
+            extra_config: String::new(),
+        }
+    }
+
+    /// Waits until Node `node` is Ready.
+    pub fn wait_node_ready(&self, node: &str) {
+        self.wait("the node Ready", Duration::from_secs(90), |cp| {
+            cp.jsonpath(
+                &["node", node],
+                "{.status.conditions[?(@.type==\"Ready\")].status}",
+            ) == "True"
+        });
+    }
+
     /// The kubeconfig of the node identity (`system:node:<name>`).
     pub fn node_kubeconfig(&self) -> PathBuf {
         self.dir.path().join("node.kubeconfig")
@@ -185,13 +280,7 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &str, cmd: &mut Command) {
-        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).expect("log");
-        let err = log.try_clone().expect("log clone");
-        let child = cmd
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let child = spawn_logged(cmd, &self.dir.path().join(format!("{name}.log")));
         self.children.push((name.to_string(), child));
     }
 

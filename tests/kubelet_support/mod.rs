@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use berth::client::CriClient;
 use k8s_cri::v1 as cri;
 
-use crate::common::{Daemon, TempDir};
+use crate::common::{Daemon, TempDir, spawn_logged};
 
 pub mod control_plane;
 
@@ -159,6 +159,11 @@ pub struct Kubelet {
 impl Kubelet {
     /// Starts a kubelet on `daemon`'s socket and waits for its healthz.
     pub fn start(daemon: &Daemon, opts: KubeletOptions) -> Self {
+        Self::start_on(daemon.socket(), opts)
+    }
+
+    /// Starts a kubelet on the CRI socket `socket` (Berth's or another runtime's).
+    pub fn start_on(socket: PathBuf, opts: KubeletOptions) -> Self {
         let dir = TempDir::new("kubelet");
         let tag = dir
             .path()
@@ -170,7 +175,7 @@ impl Kubelet {
         std::fs::create_dir_all(dir.path().join("manifests")).expect("manifest dir");
         let node_name = opts.node_name.clone().unwrap_or(tag.clone());
         let mut k = Kubelet {
-            socket: daemon.socket(),
+            socket,
             port: free_port(),
             healthz_port: free_port(),
             node_name,
@@ -241,8 +246,14 @@ impl Kubelet {
             "--config={}",
             self.dir.path().join("config.yaml").display()
         ))
-        .arg(format!("--root-dir={}", self.dir.path().join("root").display()))
-        .arg(format!("--cert-dir={}", self.dir.path().join("pki").display()))
+        .arg(format!(
+            "--root-dir={}",
+            self.dir.path().join("root").display()
+        ))
+        .arg(format!(
+            "--cert-dir={}",
+            self.dir.path().join("pki").display()
+        ))
         .arg("--container-runtime=remote")
         .arg(format!("--container-runtime-endpoint={endpoint}"))
         .arg(format!("--image-service-endpoint={endpoint}"))
@@ -260,19 +271,7 @@ impl Kubelet {
 
     /// Starts (again) and waits for healthz.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("log file");
-        let err = log.try_clone().expect("log clone");
-        let child = self
-            .command()
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn kubelet");
-        self.child = Some(child);
+        self.child = Some(spawn_logged(&mut self.command(), &self.log_path()));
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if self.healthz() {
@@ -281,7 +280,10 @@ impl Kubelet {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
-                panic!("kubelet exited at start ({status}):\n{}", tail(&self.log(), 60));
+                panic!(
+                    "kubelet exited at start ({status}):\n{}",
+                    tail(&self.log(), 60)
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -362,7 +364,9 @@ pub fn tail(s: &str, n: usize) -> String {
 
 /// A static pod manifest for pod `name`; `spec` is the YAML under `spec:` (indented 2).
 pub fn static_pod(name: &str, spec: &str) -> String {
-    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}")
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}"
+    )
 }
 
 /// Berth's containers of the pod named `pod` (the kubelet's CRI labels), newest first.
