@@ -6,8 +6,6 @@ mod agent_support;
 mod cni_support;
 mod common;
 
-use std::time::Duration;
-
 use agent_support::*;
 use common::{http_get, image};
 

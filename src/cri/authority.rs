@@ -465,7 +465,10 @@ mod tests {
 
     /// Decodes the header blocks of the rewritten stream with a fresh decoder, as `h2` would;
     /// checks that the rewritten blocks add nothing to the server's dynamic table.
-    fn decode_blocks(out: &[u8]) -> Vec<(u32, Vec<(Vec<u8>, Vec<u8>)>)> {
+    /// A decoded header list: (name, value) pairs.
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn decode_blocks(out: &[u8]) -> Vec<(u32, Fields)> {
         assert_eq!(&out[..PREFACE_LEN], PREFACE);
         let mut decoder = Decoder::new();
         let mut blocks = Vec::new();
@@ -497,7 +500,7 @@ mod tests {
         blocks
     }
 
-    fn request_fields(authority: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn request_fields(authority: &[u8]) -> Fields {
         vec![
             (b":method".to_vec(), b"POST".to_vec()),
             (b":scheme".to_vec(), b"http".to_vec()),
@@ -511,7 +514,7 @@ mod tests {
         ]
     }
 
-    fn without_authority(f: &[(Vec<u8>, Vec<u8>)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn without_authority(f: &[(Vec<u8>, Vec<u8>)]) -> Fields {
         f.iter()
             .filter(|(n, _)| n != b":authority")
             .cloned()
@@ -663,7 +666,7 @@ mod tests {
         assert_eq!(fs[0].0.kind, TYPE_HEADERS);
         assert_eq!(fs[0].1, UNDECODABLE_BLOCK.to_vec());
         assert!(out.ends_with(&tail));
-        assert!(matches!(Decoder::new().decode(&UNDECODABLE_BLOCK), Err(_)));
+        assert!(Decoder::new().decode(&UNDECODABLE_BLOCK).is_err());
     }
 
     /// A HEADERS frame whose padding is longer than it, or a block interrupted by another

@@ -290,8 +290,8 @@ mod tests {
         let zeros = vec![hp("2MB", 0), hp("1GB", 0)];
         assert_eq!(hugepage_limits_for_host(&zeros, false), Ok(vec![]));
         assert_eq!(hugepage_limits_for_host(&zeros, true), Ok(zeros.clone()));
-        let (field, why) =
-            hugepage_limits_for_host(&[hp("2MB", 0), hp("1GB", 1 << 30)], false).unwrap_err();
+        let (field, why) = hugepage_limits_for_host(&[hp("2MB", 0), hp("1GB", 1 << 30)], false)
+            .expect_err("a limit above 0 without hugetlb");
         assert_eq!(field, "hugepage_limits[1]");
         assert!(why.contains("1GB") && why.contains("hugetlb"), "{why}");
     }

@@ -81,10 +81,10 @@ fn hierarchies() -> Vec<PathBuf> {
         let Some((pre, post)) = line.split_once(" - ") else {
             continue;
         };
-        if matches!(post.split(' ').next(), Some("cgroup" | "cgroup2")) {
-            if let Some(p) = pre.split(' ').nth(4) {
-                v.push(PathBuf::from(p));
-            }
+        if matches!(post.split(' ').next(), Some("cgroup" | "cgroup2"))
+            && let Some(p) = pre.split(' ').nth(4)
+        {
+            v.push(PathBuf::from(p));
         }
     }
     v
