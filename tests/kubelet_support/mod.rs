@@ -31,28 +31,47 @@ pub fn free_port() -> u16 {
 }
 
 /// Runs `cmd` to completion within `timeout` (killed after it); returns (success, stdout, stderr).
+/// Both pipes are read while it runs, so a talkative command never blocks on a full pipe.
 pub fn run_for(cmd: &mut Command, timeout: Duration) -> (bool, String, String) {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    // Its own process group: a timeout ends its children too (which hold the pipes).
     let mut child = cmd
+        .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(format!("-{}", child.id()))
+                .status();
+            let _ = child.wait();
+            break None;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
+    };
     (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.is_some_and(|s| s.success()),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
     )
 }
 
