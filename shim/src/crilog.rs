@@ -93,10 +93,13 @@ impl LineSplitter {
         Ok(())
     }
 
-    /// End of stream: a final unterminated line becomes an `F` record.
+    /// End of stream, or of the container: a final unterminated line becomes a `P` record, as
+    /// containerd writes it (`F` says the line ended with a newline; a reader such as the
+    /// kubelet adds one for it, so `printf DONE` must not come back as "DONE\n").
     pub fn finish(&mut self, out: &mut impl RecordSink) -> io::Result<()> {
         if !self.pending.is_empty() {
-            self.emit_line(out)?;
+            out.record(self.stream, false, &self.pending)?;
+            self.pending.clear();
         }
         Ok(())
     }
@@ -191,7 +194,7 @@ mod tests {
                 (true, b"hello".to_vec()),
                 (true, b"world".to_vec()),
                 (true, Vec::new()),
-                (true, b"x".to_vec())
+                (false, b"x".to_vec())
             ]
         );
         Ok(())

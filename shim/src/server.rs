@@ -397,9 +397,16 @@ impl Shim {
     /// Records the init's exit: drains output, writes the exit file, answers waiters.
     fn init_exited(&mut self, code: i32) {
         let exited_at = timefmt::now();
-        // Output written before the exit is still in the pipes: log it first.
+        // Output written before the exit is still in the pipes: log it first, an unterminated
+        // last line included (as a P record), so the log is complete by the time the exit is
+        // reported (the kubelet reads it at once for a FallbackToLogsOnError message).
         for i in 0..2 {
             self.pump_output(i);
+            if let Some(p) = &mut self.outs[i]
+                && let Err(e) = p.splitter.finish(&mut self.log)
+            {
+                tracing::warn!("write log: {e}");
+            }
         }
         let info = ExitInfo {
             exit_code: code,
