@@ -172,7 +172,6 @@ fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
     cmd.env("KUBE_TEST_REPO_LIST", repo_list)
         .arg("-nodes=4")
         .arg("-noColor")
-        .arg("-succinct")
         .arg(kube_bin("BERTH_TEST_E2E"))
         .arg("--")
         .arg(format!("--kubeconfig={}", cp.admin.display()))
