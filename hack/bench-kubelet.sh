@@ -136,7 +136,7 @@ YAML
 # running_pods: how many bench pods have their container running.
 running_pods() {
   "$BERTHCTL" -r "unix://$sock" -o json ps 2>/dev/null |
-    jq '[.[] | select(.labels["io.kubernetes.pod.name"] // "" | startswith("bench-'$$'-"))] | length'
+    jq '[.containers[] | select(.labels["io.kubernetes.pod.name"] // "" | startswith("bench-'$$'-"))] | length'
 }
 
 # run RUNTIME NET: N pods one after another; prints ms per pod into $W/RUNTIME-NET.times.
