@@ -183,6 +183,19 @@ pub struct Kubelet {
     pub node_name: String,
     pub opts: KubeletOptions,
     pub cgroups: CgroupRoot,
+    /// What the kubelet's fixed log roots held before it started (kept on drop).
+    log_entries_before: Vec<PathBuf>,
+}
+
+/// The kubelet's fixed log roots: pod log dirs and the container log links.
+const KUBELET_LOG_ROOTS: [&str; 2] = ["/var/log/pods", "/var/log/containers"];
+
+fn log_entries() -> Vec<PathBuf> {
+    KUBELET_LOG_ROOTS
+        .iter()
+        .flat_map(|r| std::fs::read_dir(r).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .collect()
 }
 
 impl Kubelet {
@@ -212,6 +225,7 @@ impl Kubelet {
             opts,
             dir,
             child: None,
+            log_entries_before: log_entries(),
         };
         k.write_config();
         k.spawn();
@@ -373,13 +387,12 @@ impl Kubelet {
 impl Drop for Kubelet {
     fn drop(&mut self) {
         self.stop();
-        // The kubelet's log roots are fixed: remove this test's pods' dirs and their links.
-        for root in ["/var/log/pods", "/var/log/containers"] {
-            for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
-                if e.file_name().to_string_lossy().contains(&self.node_name) {
-                    let _ = std::fs::remove_dir_all(e.path());
-                    let _ = std::fs::remove_file(e.path());
-                }
+        // The kubelet's log roots are fixed: remove what appeared there while it ran (one
+        // kubelet runs at a time, and nothing else of the suite writes there).
+        for path in log_entries() {
+            if !self.log_entries_before.contains(&path) {
+                let _ = std::fs::remove_dir_all(&path);
+                let _ = std::fs::remove_file(&path);
             }
         }
     }
