@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kubelet benchmark: the same stock kubelet 1.20 (hack/kubernetes.sh) standalone on berthd and on
-# containerd 1.6 + runc (Debian; its sandbox image a busybox `sleep` built here), one runtime
+# containerd 1.6 + runc (Debian; its sandbox image a busybox `sleep` built by the script), one runtime
 # after the other in one run. On each:
 #   - static pod manifest written to all containers running in the runtime, N pods one after
 #     another (cached busybox image), p50/p90, with host network and then with a pod network

@@ -35,7 +35,7 @@ apt_install() {
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # A package's maintainer script must not start a system etcd on this machine.
+  # A package's maintainer script must not start a system etcd on the host.
   local policy=/usr/sbin/policy-rc.d had_policy=0
   [ -e $policy ] && had_policy=1
   if [ $had_policy = 0 ]; then printf '#!/bin/sh\nexit 101\n' >$policy; chmod +x $policy; fi
@@ -43,7 +43,7 @@ apt_install() {
   [ $had_policy = 1 ] || rm -f $policy
 }
 
-# deb-src entries mirroring the machine's own deb entries, so `apt-get source` finds the package.
+# deb-src entries mirroring the host's own deb entries, so `apt-get source` finds the package.
 ensure_deb_src() {
   local list=/etc/apt/sources.list.d/berth-deb-src.sources
   [ -e "$list" ] && return 0
@@ -134,7 +134,7 @@ build_tree() {
     ldflags+=" -X $pkg.gitCommit=$KUBE_COMMIT -X $pkg.gitTreeState=clean -X $pkg.buildDate=2021-01-13T13:20:00Z"
   done
   for b in "${BINARIES[@]}"; do
-    log "building $b (a cold build takes minutes on 2 cores)"
+    log "building $b (minutes when the Go cache is cold)"
     (cd "$pkgdir" && go build -tags selinux,notest -ldflags "-s -w $ldflags" -o "$out.tmp/$b" "./cmd/$b")
   done
   # The e2e suite embeds its manifests and fixtures, generated as upstream's generate-bindata.sh

@@ -183,11 +183,11 @@ async fn host_network_static_pod_runs() {
     node.finish(&c).await;
 }
 
-/// A pod on the CNI network: an init container hands a file over through an emptyDir, the
-/// main container serves it on a hostPort; a second pod's exec and httpGet liveness probes
+/// A pod on the CNI network: an init container writes a file into an emptyDir, and the main
+/// container serves it on a hostPort; a second pod's exec and httpGet liveness probes
 /// start failing and the kubelet restarts those containers (and only those).
 #[tokio::test]
-async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
+async fn pod_network_init_container_emptydir_host_port_and_liveness_restarts() {
     let node = Node::start(true);
     let net = node.net.as_ref().expect("net");
     let c = node.daemon.client().await;
@@ -196,7 +196,7 @@ async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
     node.write_pod(
         "web",
         &format!(
-            "  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: work\n    emptyDir: {{}}\n  initContainers:\n  - name: init\n    image: {img}\n    command: [sh, -c, 'echo handed-over > /work/index.html']\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n  containers:\n  - name: main\n    image: {img}\n    command: [httpd, -f, -p, '80', -h, /work]\n    ports:\n    - {{containerPort: 80, hostPort: {host_port}}}\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n"
+            "  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: work\n    emptyDir: {{}}\n  initContainers:\n  - name: init\n    image: {img}\n    command: [sh, -c, 'echo written-by-init > /work/index.html']\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n  containers:\n  - name: main\n    image: {img}\n    command: [httpd, -f, -p, '80', -h, /work]\n    ports:\n    - {{containerPort: 80, hostPort: {host_port}}}\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n"
         ),
     );
     // exec: healthy until /tmp/healthy goes (after 2 s); httpGet: /healthz until it goes.
@@ -237,11 +237,11 @@ async fn pod_network_init_handoff_host_port_and_liveness_restarts() {
     assert_eq!(init.state, cri::ContainerState::ContainerExited as i32);
     let answer = http_get(&format!("{}:{host_port}", net.gateway()), "/index.html").await;
     assert!(
-        answer.starts_with("HTTP/1.") && answer.contains("handed-over"),
+        answer.starts_with("HTTP/1.") && answer.contains("written-by-init"),
         "hostPort {host_port}: {answer:?}"
     );
     let answer = http_get(&format!("{ip}:80"), "/index.html").await;
-    assert!(answer.contains("handed-over"), "pod IP: {answer:?}");
+    assert!(answer.contains("written-by-init"), "pod IP: {answer:?}");
 
     let probed = node.pod("probed");
     for name in ["exec-live", "http-live"] {

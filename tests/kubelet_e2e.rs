@@ -23,12 +23,12 @@ use kubelet_support::*;
 /// Which specs run (104): `[NodeConformance]` in these areas (projected volumes of configMaps,
 /// secrets and the downward API included), nothing serial, disruptive, slow or
 /// behind a feature gate, and not the one that pulls a private image from gcr.io with the
-/// suite's own credentials (this machine reaches no registry but its own: it fails on every
+/// suite's own credentials (the test cluster reaches no registry but the local one: it fails on every
 /// runtime, after 15 minutes of retries).
 const FOCUS: &str = r"\[(k8s\.io|sig-[a-z-]+)\] (Pods|Probing container|Container Runtime|Kubelet|Variable Expansion|InitContainer|ConfigMap|Secrets|Downward API|Projected).*\[NodeConformance\]";
 const SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:[^\]]+\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret";
 
-/// Specs that fail with containerd 1.6 on the same machine too (measured with
+/// Specs that fail with containerd 1.6 on the same host too (measured with
 /// `hack/e2e-compare.sh`), each with why; Berth may fail these and nothing else.
 const FAIL_ON_CONTAINERD_TOO: &[(&str, &str)] = &[];
 

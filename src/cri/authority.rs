@@ -90,11 +90,17 @@ enum State {
     Opaque,
 }
 
-/// A header block being gathered across HEADERS and CONTINUATION frames.
-struct PendingBlock {
+/// What the HEADERS frame that opens a header block says about it.
+#[derive(Clone, Copy, Debug)]
+struct BlockHead {
     stream: u32,
     end_stream: bool,
     priority: Option<[u8; PRIORITY_LEN]>,
+}
+
+/// A header block being gathered across HEADERS and CONTINUATION frames.
+struct PendingBlock {
+    head: BlockHead,
     fragment: Vec<u8>,
     /// The frames as they came, passed on unchanged if the block turns out malformed.
     raw: Vec<u8>,
@@ -152,10 +158,9 @@ impl Rewriter {
                         return;
                     }
                     let header = FrameHeader::parse(&input[..FRAME_HEADER_LEN]);
-                    let continues = self
-                        .block
-                        .as_ref()
-                        .map(|b| header.kind == TYPE_CONTINUATION && header.stream == b.stream);
+                    let continues = self.block.as_ref().map(|b| {
+                        header.kind == TYPE_CONTINUATION && header.stream == b.head.stream
+                    });
                     match (continues, header.kind) {
                         // A frame other than the CONTINUATION the open block needs: `h2`
                         // refuses the sequence itself.
@@ -190,41 +195,45 @@ impl Rewriter {
     /// Takes one HEADERS or CONTINUATION frame (header included) of a block.
     fn on_block_frame(&mut self, header: FrameHeader, frame: &[u8], out: &mut BytesMut) {
         let payload = &frame[FRAME_HEADER_LEN..];
-        match self.block.as_mut() {
-            Some(block) => {
-                block.fragment.extend_from_slice(payload);
+        let end = header.flags & FLAG_END_HEADERS != 0;
+        if let Some(mut block) = self.block.take() {
+            block.fragment.extend_from_slice(payload);
+            if end {
+                self.finish_block(block.head, &block.fragment, out);
+            } else {
                 block.raw.extend_from_slice(frame);
+                self.block = Some(block);
             }
-            None => {
-                let Some((priority, fragment)) = split_headers_payload(header.flags, payload)
-                else {
-                    // Padding or priority longer than the frame: `h2` refuses the frame.
-                    out.extend_from_slice(frame);
-                    self.state = State::Opaque;
-                    return;
-                };
-                self.block = Some(PendingBlock {
-                    stream: header.stream,
-                    end_stream: header.flags & FLAG_END_STREAM != 0,
-                    priority,
-                    fragment: fragment.to_vec(),
-                    raw: frame.to_vec(),
-                });
-            }
+            return;
         }
-        if header.flags & FLAG_END_HEADERS != 0 {
-            self.finish_block(out);
+        let Some((priority, fragment)) = split_headers_payload(header.flags, payload) else {
+            // Padding or priority longer than the frame: `h2` refuses the frame.
+            out.extend_from_slice(frame);
+            self.state = State::Opaque;
+            return;
+        };
+        let head = BlockHead {
+            stream: header.stream,
+            end_stream: header.flags & FLAG_END_STREAM != 0,
+            priority,
+        };
+        if end {
+            // The usual case, a whole block in one HEADERS frame: decoded where it lies.
+            self.finish_block(head, fragment, out);
+        } else {
+            self.block = Some(PendingBlock {
+                head,
+                fragment: fragment.to_vec(),
+                raw: frame.to_vec(),
+            });
         }
     }
 
-    /// Decodes the gathered block and writes it again without an unparsable `:authority`.
-    fn finish_block(&mut self, out: &mut BytesMut) {
-        let Some(block) = self.block.take() else {
-            return;
-        };
-        let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
+    /// Decodes a whole block and writes it again without an unparsable `:authority`.
+    fn finish_block(&mut self, head: BlockHead, fragment: &[u8], out: &mut BytesMut) {
+        let mut encoded = Vec::with_capacity(fragment.len() + 64);
         let mut dropped = false;
-        let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
+        let decoded = self.decoder.decode_with_cb(fragment, |name, value| {
             if &name[..] == b":authority" && http::uri::Authority::try_from(&value[..]).is_err() {
                 dropped = true;
                 return;
@@ -235,13 +244,13 @@ impl Rewriter {
             Ok(()) => {
                 if dropped {
                     self.dropped += 1;
-                    tracing::trace!(stream = block.stream, "dropped an unparsable :authority");
+                    tracing::trace!(stream = head.stream, "dropped an unparsable :authority");
                 }
-                write_block(out, &block, &encoded);
+                write_block(out, &head, &encoded);
             }
             Err(e) => {
-                tracing::debug!(stream = block.stream, error = %e, "undecodable header block");
-                self.undecodable(block.stream, out);
+                tracing::debug!(stream = head.stream, error = %e, "undecodable header block");
+                self.undecodable(head.stream, out);
             }
         }
     }
@@ -303,7 +312,7 @@ fn encode_string(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 /// Writes an encoded block as a HEADERS frame and as many CONTINUATION frames as it needs.
-fn write_block(out: &mut BytesMut, block: &PendingBlock, encoded: &[u8]) {
+fn write_block(out: &mut BytesMut, block: &BlockHead, encoded: &[u8]) {
     let priority = block.priority.as_ref().map_or(&[][..], |p| &p[..]);
     let first_len = encoded.len().min(MAX_FRAME_PAYLOAD - priority.len());
     let (first, mut rest) = encoded.split_at(first_len);
