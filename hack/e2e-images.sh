@@ -49,16 +49,18 @@ def web(root):
                                         "Cmd": ["httpd", "-f", "-p", "80", "-h", "/" + root]})
 layout.tag(web("usr/share/nginx/html"), "nginx")
 layout.tag(web("usr/local/apache2/htdocs"), "httpd")
-layout.tag(layout.image([base], {"Env": [ib.PATH_ENV],
-                                 "Entrypoint": ["/bin/sleep", "2147483647"]}), "pause")
 layout.close()
 PY
 for pair in agnhost:e2e-test-images/agnhost:2.21 nginx:library/nginx:1.14-alpine \
-  httpd:library/httpd:2.4.38-alpine pause:pause:3.2; do
+  httpd:library/httpd:2.4.38-alpine; do
   ref=${pair%%:*} dest=${pair#*:}
   pushed "$dest" && continue
   "${SKOPEO[@]}" copy -q --dest-tls-verify=false "oci:$W/oci:$ref" "docker://$REG/$dest"
 done
+# The sandbox image, as the containerd benchmarks build it.
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
+pushed pause:3.2 || push_pause "$W" "$REG/pause:3.2"
 
 cat >"$OUT" <<YAML
 dockerLibraryRegistry: $REG/library

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_support::*;
-use common::{TempDir, image};
+use common::{TempDir, free_port, image, tail};
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use agent_support::*;
-use common::{image, pull};
+use common::{image, pull, tail};
 use k8s_cri::v1 as cri;
 
 const EXITED: i32 = cri::ContainerState::ContainerExited as i32;

@@ -15,7 +15,7 @@ use agent_support::*;
 use berth::agent::probe_grpc::{
     CHECK_PATH, HealthCheckRequest, HealthCheckResponse, ServingStatus,
 };
-use common::TempDir;
+use common::{TempDir, tail};
 
 /// Our own `grpc.health.v1.Health` service: Check answers each service's current status
 /// (NOT_FOUND for a service it does not know).

@@ -7,7 +7,7 @@ mod cni_support;
 mod common;
 
 use agent_support::*;
-use common::{http_get, image};
+use common::{free_port, http_get, image};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_pod_settings_reach_the_pod() {

@@ -122,17 +122,7 @@ async fn host_network_static_pod_runs() {
     let s = &sandboxes[0];
     assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
     // The kubelet put the pod in its own cgroup root.
-    let status = c
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: s.id.clone(),
-            verbose: false,
-        })
-        .await
-        .expect("PodSandboxStatus")
-        .into_inner()
-        .status
-        .expect("status");
+    let status = sandbox_status(&c, &s.id).await;
     assert_eq!(
         status
             .linux
@@ -210,17 +200,9 @@ async fn pod_network_init_container_emptydir_host_port_and_liveness_restarts() {
     node.wait_running(&c, "web", &["main"]).await;
     let web = node.pod("web");
     let sandbox = pod_sandboxes(&c, &web).await.remove(0);
-    let ip = c
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: sandbox.id.clone(),
-            verbose: false,
-        })
+    let ip = sandbox_status(&c, &sandbox.id)
         .await
-        .expect("PodSandboxStatus")
-        .into_inner()
-        .status
-        .and_then(|s| s.network)
+        .network
         .map(|n| n.ip)
         .unwrap_or_default();
     assert!(

@@ -42,30 +42,26 @@ impl Containerd {
     fn start(cni: &cni_support::TestNet) -> Self {
         let dir = TempDir::new("containerd");
         let d = dir.path();
-        let reg = registry();
-        std::fs::create_dir_all(d.join("certs.d").join(&reg)).expect("certs.d");
-        std::fs::write(
-            d.join("certs.d").join(&reg).join("hosts.toml"),
-            format!("server = \"http://{reg}\"\n[host.\"http://{reg}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
-        )
-        .expect("hosts.toml");
-        std::fs::write(
-            d.join("config.toml"),
-            format!(
-                "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{d}/containerd.sock\"\n\
-                 [ttrpc]\n  address = \"{d}/containerd.sock.ttrpc\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{reg}/pause:3.2\"\n  restrict_oom_score_adj = true\n  netns_mounts_under_state_dir = true\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{d}/certs.d\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  Root = \"{d}/runc\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{bin}\"\n  conf_dir = \"{conf}\"\n  max_conf_num = 1\n",
-                d = d.display(),
-                bin = cni_support::DEBIAN_CNI,
-                conf = cni.conf_dir().display(),
-            ),
-        )
-        .expect("containerd config");
+        // The configuration the containerd benchmarks use (hack/bench-common.sh), with its CNI
+        // conf dir holding the test's network.
+        let made = Command::new("bash")
+            .arg("-c")
+            .arg(". \"$0\" && write_containerd_config \"$1\" \"$2\" \"$3\"")
+            .arg(repo_root().join("hack/bench-common.sh"))
+            .arg(d)
+            .arg(format!("{}/pause:3.2", registry()))
+            .arg(cni_support::DEBIAN_CNI)
+            .env("REG", registry())
+            .status()
+            .expect("write_containerd_config");
+        assert!(made.success(), "write_containerd_config failed");
+        std::fs::create_dir_all(d.join("net.d")).expect("net.d");
+        for e in std::fs::read_dir(cni.conf_dir())
+            .expect("conf dir")
+            .flatten()
+        {
+            std::fs::copy(e.path(), d.join("net.d").join(e.file_name())).expect("conflist");
+        }
         let child = spawn_logged(
             Command::new("containerd")
                 .arg("--config")

@@ -22,17 +22,7 @@ fn start(net: &TestNet) -> Daemon {
 }
 
 async fn pod_ips(c: &berth::client::CriClient, id: &str) -> Vec<String> {
-    let st = c
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        })
-        .await
-        .expect("PodSandboxStatus")
-        .into_inner()
-        .status
-        .expect("status");
+    let st = sandbox_status(c, id).await;
     let net = st.network.unwrap_or_default();
     let mut ips = vec![net.ip];
     ips.extend(net.additional_ips.into_iter().map(|i| i.ip));

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{Daemon, TempDir, image};
+use crate::common::{Daemon, TempDir, image, tail};
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 
@@ -16,11 +16,6 @@ pub struct Agent {
     pub logs: TempDir,
     /// Holds the config file (read again when the test restarts berthd).
     pub _conf: TempDir,
-}
-
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 impl Agent {
@@ -216,11 +211,6 @@ pub fn important_lines(log: &str) -> String {
         .filter(|l| !l.contains(" DEBUG ") && !l.contains(" TRACE "))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-pub fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 pub async fn sandboxes(c: &berth::client::CriClient) -> Vec<cri::PodSandbox> {

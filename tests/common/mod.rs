@@ -180,20 +180,8 @@ impl Daemon {
 
     /// Sends SIGTERM and waits.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(c.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(c) = self.child.take() {
+            terminate(c);
         }
     }
 
@@ -230,6 +218,49 @@ impl Drop for Daemon {
         self.stop();
         kill_leftovers(self.dir.path());
     }
+}
+
+/// SIGTERM, as a service manager stops a daemon; SIGKILL if it is still there after 15 s.
+pub fn terminate(mut c: Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(c.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// A TCP port free on 127.0.0.1 right now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// PodSandboxStatus of `id` (not verbose); panics on error.
+pub async fn sandbox_status(c: &CriClient, id: &str) -> cri::PodSandboxStatus {
+    c.runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner()
+        .status
+        .expect("status")
 }
 
 /// Spawns `cmd` with stdout and stderr appended to the file `log`.

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use super::{KubeletOptions, free_port, kube_bin, run_for, tail};
-use crate::common::{TempDir, spawn_logged};
+use super::{KubeletOptions, kube_bin, run_for};
+use crate::common::{TempDir, free_port, spawn_logged, tail};
 
 /// The service network (virtual: nothing is routed to it), inside the CRI test range.
 const SERVICE_RANGE: &str = "10.190.0.0/24";

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use berth::client::CriClient;
 use k8s_cri::v1 as cri;
 
-use crate::common::{Daemon, TempDir, spawn_logged};
+use crate::common::{Daemon, TempDir, free_port, spawn_logged, tail, terminate};
 
 pub mod control_plane;
 
@@ -23,11 +23,6 @@ pub fn kube_bin(var: &str) -> PathBuf {
     let path = PathBuf::from(path);
     assert!(path.exists(), "{var}={} does not exist", path.display());
     path
-}
-
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 /// Runs `cmd` to completion within `timeout` (killed after it); returns (success, stdout, stderr).
@@ -350,20 +345,8 @@ impl Kubelet {
 
     /// SIGTERM, as a service manager stops it.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(c.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(c) = self.child.take() {
+            terminate(c);
         }
     }
 
@@ -396,12 +379,6 @@ impl Drop for Kubelet {
             }
         }
     }
-}
-
-/// The last `n` lines of `s`.
-pub fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// A static pod manifest for pod `name`; `spec` is the YAML under `spec:` (indented 2).
