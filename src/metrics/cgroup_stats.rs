@@ -71,14 +71,7 @@ pub fn controller_dir(layout: &Layout, controller: &str, cgroup_path: &str) -> O
     let rel = cgroup_path.trim_start_matches('/');
     match layout {
         Layout::V2(root) => Some(root.join(rel)),
-        Layout::V1(roots) => roots
-            .iter()
-            .find(|r| {
-                r.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.split(',').any(|c| c == controller))
-            })
-            .map(|r| r.join(rel)),
+        Layout::V1(_) => layout.v1_hierarchy(controller).map(|r| r.join(rel)),
     }
 }
 

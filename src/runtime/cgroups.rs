@@ -63,13 +63,25 @@ impl Layout {
         read: &dyn Fn(&Path) -> Option<String>,
     ) -> bool {
         match self {
-            Self::V1(roots) => roots.iter().any(|r| {
-                r.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.split(',').any(|c| c == controller))
-            }),
+            Self::V1(_) => self.v1_hierarchy(controller).is_some(),
             Self::V2(root) => read(&root.join("cgroup.controllers"))
                 .is_some_and(|t| t.split_whitespace().any(|c| c == controller)),
+        }
+    }
+
+    /// The v1 hierarchy that carries `controller` (its mount is named after its controllers,
+    /// e.g. `cpu,cpuacct`); None on v2 or when no hierarchy does.
+    pub fn v1_hierarchy(&self, controller: &str) -> Option<&Path> {
+        match self {
+            Self::V1(roots) => roots
+                .iter()
+                .find(|r| {
+                    r.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.split(',').any(|c| c == controller))
+                })
+                .map(PathBuf::as_path),
+            Self::V2(_) => None,
         }
     }
 
