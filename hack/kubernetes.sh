@@ -39,8 +39,12 @@ apt_install() {
   local policy=/usr/sbin/policy-rc.d had_policy=0
   [ -e $policy ] && had_policy=1
   if [ $had_policy = 0 ]; then printf '#!/bin/sh\nexit 101\n' >$policy; chmod +x $policy; fi
-  apt-get install -y -qq "${missing[@]}" >/dev/null || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
+  local rc=0
+  apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; } || rc=$?
+  # The policy goes again whether the install worked or not.
   [ $had_policy = 1 ] || rm -f $policy
+  return $rc
 }
 
 # deb-src entries mirroring the host's own deb entries, so `apt-get source` finds the package.

@@ -102,8 +102,9 @@ fn busybox() -> String {
 }
 
 /// The kubelet starts on Berth (every call over v1alpha2, with its socket path as
-/// `:authority`), and a host-network static pod's container runs: the kubelet's hugepage
-/// limits of 0 did not stop it, and its termination message is not doubled.
+/// `:authority`), and a host-network static pod's container runs in the kubelet's cgroup root
+/// with the Guaranteed pod's cpu and memory limits: the kubelet's hugepage limits of 0 did not
+/// stop it.
 #[tokio::test]
 async fn host_network_static_pod_runs() {
     let node = Node::start(false);
