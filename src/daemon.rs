@@ -44,7 +44,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .list()
         .map_err(|e| anyhow::anyhow!("listing pod sandboxes: {e}"))?
         .into_iter()
-        .map(|r| r.id)
+        .map(|r| r.id.clone())
         .collect();
     let orphans = net.orphans(&live);
     if !orphans.is_empty() {
@@ -66,6 +66,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         images.clone(),
         creator,
         sandboxes.clone(),
+        Arc::new(crate::runtime::events::EventBus::new()),
         &config.state_dir,
         shim,
     )

@@ -49,21 +49,6 @@ fn log_lines(path: &std::path::Path) -> usize {
         .count()
 }
 
-/// Host pid of the shim of container `id`.
-fn shim_pid(id: &str) -> i32 {
-    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.contains("berth-shim") && cmd.contains(id) {
-            return pid;
-        }
-    }
-    panic!("no shim for {id}");
-}
-
 #[tokio::test]
 async fn running_containers_survive_kill_9_and_half_created_ones_are_rolled_back() {
     let mut d = Daemon::start();
@@ -260,12 +245,55 @@ async fn a_stopped_shim_does_not_hold_up_other_containers_or_pods() {
     let pod3 = tokio::time::timeout(guard, run_pod(&c, &pod3_cfg))
         .await
         .expect("a new pod is not held up");
-    // A call that needs the stopped shim itself fails with DeadlineExceeded.
+    // Status calls answer from berthd's own state: the hung one as last known (running).
+    for id in [&hung, &healthy] {
+        let s = tokio::time::timeout(guard, container_status(&c, id))
+            .await
+            .expect("ContainerStatus does not hang")
+            .expect("ContainerStatus");
+        assert_eq!(s.state, cri::ContainerState::ContainerRunning as i32);
+    }
+    let pods = tokio::time::timeout(guard, sandboxes(&c))
+        .await
+        .expect("ListPodSandbox does not hang");
+    assert_eq!(pods.len(), 3);
+    let s = tokio::time::timeout(guard, sandbox_status(&c, &pod1))
+        .await
+        .expect("PodSandboxStatus does not hang");
+    assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
+    let newcomer = tokio::time::timeout(
+        guard,
+        run_container(
+            &c,
+            &pod3,
+            &pod3_cfg,
+            sh_container("newcomer", &busybox, "exec sleep 1000", mode),
+        ),
+    )
+    .await
+    .expect("a new container is not held up");
+    assert_eq!(
+        container_status(&c, &newcomer).await.expect("status").state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    // Calls that need the stopped shim itself fail with DeadlineExceeded, naming the container.
     let e = tokio::time::timeout(guard, exec(&c, &hung, &["true"], 1))
         .await
         .expect("exec on the hung shim returns")
         .expect_err("the shim cannot answer");
     assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    let e = tokio::time::timeout(
+        guard,
+        c.runtime().stop_container(cri::StopContainerRequest {
+            container_id: hung.clone(),
+            timeout: 1,
+        }),
+    )
+    .await
+    .expect("StopContainer on the hung shim returns")
+    .expect_err("the shim cannot answer");
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().contains(&hung), "{}", e.message());
     stop("-CONT");
     for p in [pod1, pod2, pod3] {
         remove_pod(&c, &p).await;

@@ -25,7 +25,7 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
     let init = pin(exe, &req).await.expect("pin").expect("a pod init");
     // Killed even if an assertion below fails.
-    struct KillOnDrop(berth::runtime::pin::PodInit);
+    struct KillOnDrop(berth::runtime::process::HostProcess);
     impl Drop for KillOnDrop {
         fn drop(&mut self) {
             self.0.kill();

@@ -13,9 +13,10 @@ use crate::error::{IoContext, ShimError};
 pub struct Reporter(File);
 
 impl Reporter {
-    /// Create succeeded: the caller's invocation exits 0.
-    pub fn success(self) {
-        self.send(0, "");
+    /// Create succeeded: the caller's invocation prints the shim's pid and the container
+    /// init's pid (`SHIM INIT` on one line) and exits 0.
+    pub fn success(self, shim_pid: u32, init_pid: i32) {
+        self.send(0, &format!("{shim_pid} {init_pid}"));
     }
 
     /// Create failed: the caller's invocation prints `msg` and exits 1.
@@ -77,13 +78,15 @@ fn wait_report(r: OwnedFd) -> i32 {
         eprintln!("berth-shim: the shim died before reporting the create result");
         return 1;
     }
-    if head[0] == 0 {
-        return 0;
-    }
     let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
     let mut msg = vec![0u8; len];
     let _ = f.read_exact(&mut msg);
-    eprintln!("berth-shim: {}", String::from_utf8_lossy(&msg));
+    let msg = String::from_utf8_lossy(&msg);
+    if head[0] == 0 {
+        println!("{msg}");
+        return 0;
+    }
+    eprintln!("berth-shim: {msg}");
     1
 }
 

@@ -59,7 +59,7 @@ fn main() {
                 reporter.failure(&e.to_string());
                 std::process::exit(1);
             }
-            reporter.success();
+            reporter.success(std::process::id(), shim.init_pid());
             mem::trim();
             shim.run();
         }

@@ -248,6 +248,14 @@ impl Shim {
         }
     }
 
+    /// Host pid of the container's init (0 once it has been reaped).
+    pub fn init_pid(&self) -> i32 {
+        match &self.init {
+            Init::Created { pid, .. } | Init::Running { pid, .. } => pid.as_raw(),
+            Init::Stopped(_) => 0,
+        }
+    }
+
     /// Serves until Delete or Shutdown.
     pub fn run(mut self) {
         while !self.exit_requested {

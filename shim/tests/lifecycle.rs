@@ -186,6 +186,14 @@ impl Fixture {
             if let Some(Res::State(st)) = r.result {
                 self.init_pid = Some(Pid::from_raw(st.pid as i32));
             }
+            // The create step prints the pids its caller watches: the shim's, the init's.
+            let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let expected = format!(
+                "{} {}",
+                pid,
+                self.init_pid.map(Pid::as_raw).unwrap_or_default()
+            );
+            assert_eq!(printed, expected, "pids printed by the create step");
         }
         out
     }

@@ -1,7 +1,6 @@
 //! CRI container messages from Berth's container records.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use tonic::Status;
@@ -9,7 +8,6 @@ use tonic::Status;
 use crate::image::ImageManager;
 use crate::runtime::container::{ContainerError, ContainerRecord, ContainerState, cri_state};
 use crate::runtime::container_create::{CreateError, volumes};
-use crate::runtime::shim_client::ShimClient;
 
 impl From<ContainerError> for Status {
     fn from(e: ContainerError) -> Self {
@@ -20,6 +18,7 @@ impl From<ContainerError> for Status {
             ContainerError::FailedPrecondition(_) => Status::failed_precondition(msg),
             ContainerError::NameInUse { .. } => Status::already_exists(msg),
             ContainerError::DeadlineExceeded(_) => Status::deadline_exceeded(msg),
+            ContainerError::Unavailable(_) => Status::unavailable(msg),
             ContainerError::Internal(_) => Status::internal(msg),
         }
     }
@@ -39,17 +38,17 @@ impl From<CreateError> for Status {
 
 /// A ListContainers item.
 pub fn to_list_item(rec: &ContainerRecord) -> cri::Container {
-    let config = rec.config();
+    let config = rec.config_ref();
     cri::Container {
         id: rec.id.clone(),
         pod_sandbox_id: rec.sandbox_id.clone(),
-        metadata: config.metadata,
-        image: config.image,
+        metadata: config.metadata.clone(),
+        image: config.image.clone(),
         image_ref: rec.image_id.clone(),
         state: cri_state(rec.state),
         created_at: rec.created_at,
-        labels: config.labels,
-        annotations: config.annotations,
+        labels: config.labels.clone(),
+        annotations: config.annotations.clone(),
         ..Default::default()
     }
 }
@@ -85,15 +84,10 @@ fn image_ref_of(rec: &ContainerRecord, images: &ImageManager) -> String {
 
 /// The verbose `info` map: key "info" holds JSON with the pid, sandbox id, runtime spec (the
 /// bundle's config.json), snapshot key and bundle path.
-async fn verbose_info(rec: &ContainerRecord) -> HashMap<String, String> {
-    let pid = if rec.state == ContainerState::Running || rec.state == ContainerState::Created {
-        ShimClient::new(&rec.socket)
-            .state(Duration::from_secs(2))
-            .await
-            .map(|s| s.pid)
-            .unwrap_or(0)
-    } else {
-        0
+fn verbose_info(rec: &ContainerRecord) -> HashMap<String, String> {
+    let pid = match rec.init_process {
+        Some(init) if rec.is_active() => init.pid,
+        _ => 0,
     };
     let spec = std::fs::read(rec.bundle.join("config.json"))
         .ok()
@@ -113,12 +107,12 @@ async fn verbose_info(rec: &ContainerRecord) -> HashMap<String, String> {
 }
 
 /// ContainerStatus; `verbose` adds the `info` map.
-pub async fn status(
+pub fn status(
     rec: &ContainerRecord,
     images: &ImageManager,
     verbose: bool,
 ) -> cri::ContainerStatusResponse {
-    let config = rec.config();
+    let config = rec.config_ref();
     let exit = rec.exit.clone().unwrap_or_default();
     let exited = rec.state == ContainerState::Exited;
     let reason = match exit.reason.as_str() {
@@ -128,12 +122,17 @@ pub async fn status(
         r => r.to_string(),
     };
     let message = if exited {
-        volumes::read_termination_message(&rec.bundle, &config)
+        let written = volumes::read_termination_message(&rec.bundle, config);
+        if written.is_empty() {
+            exit.message.clone()
+        } else {
+            written
+        }
     } else {
         String::new()
     };
     let info = if verbose {
-        verbose_info(rec).await
+        verbose_info(rec)
     } else {
         HashMap::new()
     };
@@ -162,7 +161,8 @@ pub async fn status(
         }),
         resources: config
             .linux
-            .and_then(|l| l.resources)
+            .as_ref()
+            .and_then(|l| l.resources.clone())
             .map(|r| cri::ContainerResources {
                 linux: Some(r),
                 windows: None,

@@ -3,6 +3,7 @@
 mod authority;
 mod container_service;
 mod errors;
+mod events_service;
 mod image_service;
 mod runtime_info;
 mod runtime_service;

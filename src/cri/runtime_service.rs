@@ -1,6 +1,4 @@
-//! CRI RuntimeService: Version, Status and RuntimeConfig now; containers land with the runtime issue.
-
-use std::pin::Pin;
+//! CRI RuntimeService: the runtime's calls, each handed to its service file or the runtime core.
 
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
@@ -9,6 +7,7 @@ use tonic::{Request, Response, Status};
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use super::events_service::EventSource;
 use super::stats_service::{self, StatsCollector};
 use super::{container_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
@@ -23,6 +22,7 @@ pub struct RuntimeApi {
     containers: Arc<ContainerManager>,
     stats: Arc<StatsCollector>,
     stream: Option<Arc<crate::stream::StreamServer>>,
+    events: EventSource,
 }
 
 impl RuntimeApi {
@@ -32,12 +32,18 @@ impl RuntimeApi {
         sandboxes: Arc<SandboxManager>,
         containers: Arc<ContainerManager>,
     ) -> Self {
+        let events = EventSource {
+            bus: containers.events().clone(),
+            sandboxes: sandboxes.clone(),
+            images: images.clone(),
+        };
         Self {
             images,
             sandboxes,
             containers,
             stats: Arc::new(StatsCollector::new()),
             stream: None,
+            events,
         }
     }
 
@@ -192,6 +198,11 @@ async fn status(
             "pulls".into(),
             serde_json::json!({ "inProgress": pulls }).to_string(),
         );
+        resp.info.insert(
+            "events".into(),
+            serde_json::json!({ "subscribers": self.containers.events().subscribers() })
+                .to_string(),
+        );
     }
     Ok(Response::new(resp))
 }
@@ -262,9 +273,9 @@ async fn list_containers(
     &self,
     request: Request<cri::ListContainersRequest>,
 ) -> Result<Response<cri::ListContainersResponse>, Status> {
-    let recs = self.containers.list(request.get_ref().filter.as_ref()).await?;
+    let recs = self.containers.list(request.get_ref().filter.as_ref());
     Ok(Response::new(cri::ListContainersResponse {
-        containers: recs.iter().map(container_service::to_list_item).collect(),
+        containers: recs.iter().map(|r| container_service::to_list_item(r)).collect(),
     }))
 }
 
@@ -320,6 +331,7 @@ async fn list_pod_sandbox_stats(
         .into_iter()
         .filter(|s| s.state != SandboxState::Creating)
         .filter(|s| pod_filter.as_ref().is_none_or(|f| SandboxManager::matches(s, f)))
+        .map(|s| SandboxRecord::clone(&s))
         .collect();
     let stats = self.pod_stats_list(sandboxes).await?;
     Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
@@ -389,9 +401,9 @@ async fn exec(
         return Err(Status::invalid_argument("Exec: cmd is empty"));
     }
     Self::check_streams("Exec", req.tty, req.stdin, req.stdout, req.stderr)?;
-    let rec = self.containers.running(&req.container_id, "Exec").await?;
+    let rec = self.containers.running(&req.container_id, "Exec")?;
     let url = server.url_for(crate::stream::Pending::Exec(cri::ExecRequest {
-        container_id: rec.id,
+        container_id: rec.id.clone(),
         ..req
     }));
     Ok(Response::new(cri::ExecResponse { url }))
@@ -404,9 +416,9 @@ async fn attach(
     let req = request.into_inner();
     let server = self.stream_server()?;
     Self::check_streams("Attach", req.tty, req.stdin, req.stdout, req.stderr)?;
-    let rec = self.containers.running(&req.container_id, "Attach").await?;
+    let rec = self.containers.running(&req.container_id, "Attach")?;
     let url = server.url_for(crate::stream::Pending::Attach(cri::AttachRequest {
-        container_id: rec.id,
+        container_id: rec.id.clone(),
         ..req
     }));
     Ok(Response::new(cri::AttachResponse { url }))
@@ -460,10 +472,12 @@ async fn container_status(
     request: Request<cri::ContainerStatusRequest>,
 ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
     let req = request.get_ref();
-    let rec = self.containers.status(&req.container_id).await?;
-    Ok(Response::new(
-        container_service::status(&rec, &self.images, req.verbose).await,
-    ))
+    let rec = self.containers.status(&req.container_id)?;
+    Ok(Response::new(container_service::status(
+        &rec,
+        &self.images,
+        req.verbose,
+    )))
 }
 
 async fn runtime_config(
@@ -493,16 +507,13 @@ async fn update_runtime_config(
     Ok(Response::new(cri::UpdateRuntimeConfigResponse {}))
 }
 
-type GetContainerEventsStream =
-    Pin<Box<dyn futures_util::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
+type GetContainerEventsStream = super::events_service::EventStream;
 
 async fn get_container_events(
     &self,
     _request: Request<cri::GetEventsRequest>,
 ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-    Err(Status::unimplemented(
-        "GetContainerEvents is not implemented yet in Berth",
-    ))
+    Ok(Response::new(self.events.stream()))
 }
 
 }

@@ -45,7 +45,7 @@ pub fn status(
     verbose: bool,
     network_check: Option<String>,
 ) -> cri::PodSandboxStatusResponse {
-    let config = rec.config();
+    let config = rec.config_ref();
     let ns = config
         .linux
         .as_ref()
@@ -105,14 +105,14 @@ pub fn list(
         .filter(|r| r.state != SandboxState::Creating)
         .filter(|r| filter.is_none_or(|f| SandboxManager::matches(r, f)))
         .map(|r| {
-            let config = r.config();
+            let config = r.config_ref();
             cri::PodSandbox {
                 id: r.id.clone(),
-                metadata: config.metadata,
+                metadata: config.metadata.clone(),
                 state: state(&r),
                 created_at: r.created_at,
-                labels: config.labels,
-                annotations: config.annotations,
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
                 runtime_handler: r.runtime_handler.clone(),
             }
         })

@@ -1,13 +1,20 @@
 //! Containers: records, the shim that runs each one, and their life cycle.
 //!
+//! berthd knows each container's state itself: the records live in memory (written through to
+//! the store on every change), and exits arrive as events from pidfds on the shim and the
+//! container's init (`container_exit.rs`). List and status calls read that state and never call
+//! a shim; the shim is asked only for what only it can do (start, kill, exec, attach, reopen
+//! the log, update, delete).
+//!
 //! Restart invariants: a record in state `Creating` belongs to a CreateContainer that did not
-//! finish: its shim (if any) is deleted and its rootfs, snapshot and bundle removed. Containers
-//! whose shim is gone are reported from their exit file (written by the shim when the
-//! container exited, even while berthd was down).
+//! finish: its shim (if any) is deleted and its rootfs, snapshot and bundle removed. Created
+//! and running containers are watched again through their recorded processes; one whose init
+//! or shim ended while berthd was down is recorded as exited from its exit file (written by
+//! the shim when the container exited), and the STOPPED event is sent (see `events.rs`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -15,13 +22,16 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use super::container_create::{ContainerCreator, CreateError, Prepared};
+use super::decoded::Decoded;
+use super::events::{ContainerEvent, EventBus, EventKind};
 use super::names::{self, NameRegistry, Reservation};
+use super::process::HostProcess;
 use super::shim_client::{ShimClient, ShimError, api};
 use crate::image::ImageManager;
-use crate::store::{CONTAINERS, Store};
+use crate::store::{CONTAINERS, RecordTable, Store};
 
 /// Deadline of quick shim calls (state, kill, start).
-const SHIM_CALL: Duration = Duration::from_secs(5);
+pub(super) const SHIM_CALL: Duration = Duration::from_secs(5);
 
 /// Life-cycle state of a container.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,6 +53,9 @@ pub struct ExitInfo {
     /// Unix nanoseconds.
     pub finished_at: i64,
     pub reason: String,
+    /// Why the exit is not the shim's own account (its shim died, or never said).
+    #[serde(default)]
+    pub message: String,
 }
 
 /// A container as stored.
@@ -68,15 +81,34 @@ pub struct ContainerRecord {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// The shim serving this container (None in records of berthd 0.1 before pids were kept).
+    #[serde(default)]
+    pub shim_process: Option<HostProcess>,
+    /// The container's init process, from create on.
+    #[serde(default)]
+    pub init_process: Option<HostProcess>,
+    /// `config_hex` decoded, once.
+    #[serde(skip)]
+    pub decoded: Decoded<cri::ContainerConfig>,
 }
 
 impl ContainerRecord {
-    /// The decoded config.
+    /// The decoded config (decoded once per record in memory).
+    pub fn config_ref(&self) -> &cri::ContainerConfig {
+        self.decoded.get(&self.config_hex)
+    }
+
+    /// The decoded config, owned.
     pub fn config(&self) -> cri::ContainerConfig {
-        hex::decode(&self.config_hex)
-            .ok()
-            .and_then(|b| cri::ContainerConfig::decode(b.as_slice()).ok())
-            .unwrap_or_default()
+        self.config_ref().clone()
+    }
+
+    /// Created or running: a shim serves it and its process may run.
+    pub fn is_active(&self) -> bool {
+        matches!(
+            self.state,
+            ContainerState::Created | ContainerState::Running
+        )
     }
 }
 
@@ -98,33 +130,34 @@ pub enum ContainerError {
     /// The shim did not answer in time.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// The shim is gone.
+    #[error("{0}")]
+    Unavailable(String),
     /// Host trouble.
     #[error("{0}")]
     Internal(String),
 }
 
-impl From<ShimError> for ContainerError {
-    fn from(e: ShimError) -> Self {
+impl ContainerError {
+    /// A failed call to the shim of container `id`, naming the container.
+    pub fn shim(id: &str, e: ShimError) -> Self {
+        let msg = format!("container {id}: {e}");
         match e {
-            ShimError::DeadlineExceeded { .. } => ContainerError::DeadlineExceeded(e.to_string()),
-            e => ContainerError::Internal(e.to_string()),
+            ShimError::DeadlineExceeded { .. } => ContainerError::DeadlineExceeded(msg),
+            ShimError::Unavailable { .. } => ContainerError::Unavailable(msg),
+            _ => ContainerError::Internal(msg),
         }
     }
 }
 
-/// The exit file the shim writes.
-#[derive(Debug, Deserialize)]
-struct ExitFile {
-    exit_code: i32,
-    #[serde(default)]
-    exited_at: String,
-    #[serde(default)]
-    reason: String,
-}
-
 /// Runs and tracks containers.
 pub struct ContainerManager {
-    store: Store,
+    /// This manager, for the tasks it spawns.
+    me: Weak<ContainerManager>,
+    table: RecordTable<ContainerRecord>,
+    /// Per container: the exit watcher and the lock that orders its state changes.
+    live: std::sync::Mutex<HashMap<String, super::container_exit::Live>>,
+    events: Arc<EventBus>,
     images: ImageManager,
     creator: Arc<ContainerCreator>,
     sandboxes: Arc<super::sandbox::SandboxManager>,
@@ -134,38 +167,26 @@ pub struct ContainerManager {
     lock: tokio::sync::Mutex<()>,
 }
 
-/// Parses RFC 3339 `YYYY-MM-DDTHH:MM:SS[.frac]Z` into Unix nanoseconds (UTC only).
-fn parse_rfc3339_utc(s: &str) -> Option<i64> {
-    let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':').map(|p| p.parse::<i64>());
-    let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
-    let nanos: i64 = format!("{frac:0<9}").get(..9)?.parse().ok()?;
-    // Days from civil (proleptic Gregorian), after Howard Hinnant's well-known method.
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1_000_000_000) + nanos)
-}
-
 impl ContainerManager {
-    /// Loads containers and repairs what a crash left (see the module doc).
+    /// Loads containers and repairs what a crash left (see the module doc); watches the
+    /// created and running ones again.
+    #[allow(clippy::too_many_arguments)]
     pub async fn open(
         store: Store,
         images: ImageManager,
         creator: Arc<ContainerCreator>,
         sandboxes: Arc<super::sandbox::SandboxManager>,
+        events: Arc<EventBus>,
         state_dir: &std::path::Path,
         shim: PathBuf,
     ) -> Result<Arc<Self>, ContainerError> {
-        let manager = Arc::new(Self {
-            store,
+        let table = RecordTable::load(store, CONTAINERS, |r: &ContainerRecord| r.id.as_str())
+            .map_err(|e| ContainerError::Internal(e.to_string()))?;
+        let manager = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            table,
+            live: Default::default(),
+            events,
             images,
             creator,
             sandboxes,
@@ -174,7 +195,7 @@ impl ContainerManager {
             names: NameRegistry::new(),
             lock: tokio::sync::Mutex::new(()),
         });
-        for rec in manager.records()? {
+        for rec in manager.table.all() {
             if rec.state == ContainerState::Creating {
                 tracing::info!(container = %rec.id, "rolling back a container that was half created");
                 manager.teardown(&rec).await;
@@ -186,36 +207,77 @@ impl ContainerManager {
                 &rec.id,
                 names::fingerprint_from_hex(&rec.fingerprint_hex),
             );
+            if rec.is_active() {
+                manager.recover(&rec);
+            }
         }
         Ok(manager)
     }
 
-    fn records(&self) -> Result<Vec<ContainerRecord>, ContainerError> {
-        self.store
-            .list_records(CONTAINERS)
-            .map_err(|e| ContainerError::Internal(e.to_string()))
+    /// The event bus this manager sends container events on.
+    pub fn events(&self) -> &Arc<EventBus> {
+        &self.events
     }
 
-    fn save(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
-        self.store
-            .put_record(CONTAINERS, &rec.id, rec)
+    pub(super) fn weak(&self) -> Weak<Self> {
+        self.me.clone()
+    }
+
+    pub(super) fn table(&self) -> &RecordTable<ContainerRecord> {
+        &self.table
+    }
+
+    pub(super) fn live(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, super::container_exit::Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn save(&self, rec: &ContainerRecord) -> Result<Arc<ContainerRecord>, ContainerError> {
+        self.table
+            .put(&rec.id, rec.clone())
             .map_err(|e| ContainerError::Internal(format!("saving container {}: {e}", rec.id)))
     }
 
     fn delete(&self, id: &str) -> Result<(), ContainerError> {
-        self.store
-            .delete_record(CONTAINERS, id)
+        self.table
+            .remove(id)
             .map_err(|e| ContainerError::Internal(format!("deleting container {id}: {e}")))
+    }
+
+    /// Sends a `kind` event for `rec` with its pod's containers as they are now.
+    pub(super) fn emit(&self, kind: EventKind, rec: Arc<ContainerRecord>, recovered: bool) {
+        let pod = self
+            .table
+            .all()
+            .into_iter()
+            .filter(|r| r.sandbox_id == rec.sandbox_id && r.state != ContainerState::Creating)
+            .collect();
+        let event = ContainerEvent {
+            kind,
+            at: crate::util::unix_nanos_now(),
+            container: rec,
+            pod,
+        };
+        if recovered {
+            self.events.emit_recovered(event);
+        } else {
+            self.events.emit(event);
+        }
     }
 
     /// The container `id` (or a unique prefix).
     pub fn get(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
+        self.find(id).map(|r| ContainerRecord::clone(&r))
+    }
+
+    /// The container `id` (or a unique prefix), shared.
+    pub fn find(&self, id: &str) -> Result<Arc<ContainerRecord>, ContainerError> {
         if id.is_empty() {
             return Err(ContainerError::NotFound("(empty id)".into()));
         }
-        self.store
-            .find_record(CONTAINERS, id, |r: &ContainerRecord| r.id.as_str())
-            .map_err(|e| ContainerError::Internal(e.to_string()))?
+        self.table
+            .find(id)
             .ok_or_else(|| ContainerError::NotFound(id.to_string()))
     }
 
@@ -248,7 +310,7 @@ impl ContainerManager {
             Reservation::New(t) => t,
         };
         // On any error below the ticket is dropped, which frees the name again.
-        let target_pid_ns = self.target_pid_namespace(config).await?;
+        let target_pid_ns = self.target_pid_namespace(config)?;
         let mut prepared = self.creator.create(&new_id, req, target_pid_ns).await?;
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
@@ -259,7 +321,7 @@ impl ContainerManager {
                 )));
             }
         };
-        let log_dir = sandbox.config().log_directory;
+        let log_dir = sandbox.config_ref().log_directory.clone();
         let log_path = match (log_dir.is_empty(), config.log_path.is_empty()) {
             (false, false) => PathBuf::from(&log_dir).join(&config.log_path),
             _ => prepared
@@ -270,7 +332,7 @@ impl ContainerManager {
         };
         let bundle = prepared.bundle.clone().unwrap_or_default();
         let user = prepared.user.clone().unwrap_or_default();
-        let rec = ContainerRecord {
+        let mut rec = ContainerRecord {
             id: prepared.id.clone(),
             name,
             sandbox_id: prepared.sandbox_id.clone(),
@@ -298,20 +360,28 @@ impl ContainerManager {
             uid: user.uid,
             gid: user.gid,
             groups: user.supplemental_groups.clone(),
+            shim_process: None,
+            init_process: None,
+            decoded: Decoded::default(),
         };
         // No lock: nobody knows the new id before this call returns.
-        let mut rec = rec;
         let made = async {
             self.save(&rec)?;
-            self.spawn_shim(&rec, config).await?;
+            let (shim_pid, init_pid) = self.spawn_shim(&rec, config).await?;
+            rec.shim_process =
+                Some(HostProcess::of(shim_pid).unwrap_or(HostProcess::ended(shim_pid)));
+            rec.init_process =
+                Some(HostProcess::of(init_pid).unwrap_or(HostProcess::ended(init_pid)));
             rec.state = ContainerState::Created;
             self.save(&rec)
         }
         .await;
         match made {
-            Ok(()) => {
+            Ok(saved) => {
                 ticket.created();
                 tracing::info!(container = %rec.id, "container created");
+                self.watch(&saved);
+                self.emit(EventKind::Created, saved, false);
                 Ok(rec.id)
             }
             Err(e) => {
@@ -326,7 +396,7 @@ impl ContainerManager {
     }
 
     /// For PID mode TARGET: the PID namespace of the running target container.
-    async fn target_pid_namespace(
+    fn target_pid_namespace(
         &self,
         config: &cri::ContainerConfig,
     ) -> Result<Option<PathBuf>, ContainerError> {
@@ -339,7 +409,7 @@ impl ContainerManager {
         else {
             return Ok(None);
         };
-        let target = match self.get(&opts.target_id) {
+        let target = match self.find(&opts.target_id) {
             Ok(t) => t,
             Err(ContainerError::NotFound(_)) => {
                 return Err(CreateError::NotFound(format!(
@@ -350,10 +420,9 @@ impl ContainerManager {
             }
             Err(e) => return Err(e),
         };
-        let state = ShimClient::new(&target.socket).state(SHIM_CALL).await;
-        match state {
-            Ok(s) if s.status == api::Status::Running as i32 && s.pid != 0 => {
-                Ok(Some(PathBuf::from(format!("/proc/{}/ns/pid", s.pid))))
+        match target.init_process {
+            Some(init) if target.state == ContainerState::Running && init.is_running() => {
+                Ok(Some(PathBuf::from(format!("/proc/{}/ns/pid", init.pid))))
             }
             _ => Err(CreateError::FailedPrecondition(format!(
                 "CreateContainer: PID namespace target container {} is not running",
@@ -363,11 +432,12 @@ impl ContainerManager {
         }
     }
 
+    /// Runs the shim's create step; returns the shim's pid and the container init's.
     async fn spawn_shim(
         &self,
         rec: &ContainerRecord,
         config: &cri::ContainerConfig,
-    ) -> Result<(), ContainerError> {
+    ) -> Result<(i32, i32), ContainerError> {
         if let Some(dir) = rec.socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| {
                 ContainerError::Internal(format!("creating {}: {e}", dir.display()))
@@ -417,12 +487,25 @@ impl ContainerManager {
                 shim_failure(&stderr)
             )));
         }
-        Ok(())
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut pids = stdout.split_whitespace().map(str::parse::<i32>);
+        match (pids.next(), pids.next()) {
+            (Some(Ok(shim)), Some(Ok(init))) => Ok((shim, init)),
+            _ => Err(ContainerError::Internal(format!(
+                "creating container {}: berth-shim printed {:?}, not its pid and the init's",
+                rec.id,
+                stdout.trim()
+            ))),
+        }
     }
 
     /// StartContainer.
     pub async fn start(&self, id: &str) -> Result<(), ContainerError> {
-        let mut rec = self.get(id)?;
+        let rec = self.find(id)?;
+        // Ordered with the exit watcher: STARTED always goes out before STOPPED.
+        let transition = self.transition_lock(&rec.id);
+        let _turn = transition.lock().await;
+        let rec = self.find(&rec.id)?;
         if rec.state != ContainerState::Created {
             return Err(ContainerError::FailedPrecondition(format!(
                 "container {} is {:?}, not created",
@@ -436,83 +519,37 @@ impl ContainerManager {
                 api::request::Request::Start(api::StartRequest {}),
                 SHIM_CALL,
             )
-            .await?;
-        rec.state = ContainerState::Running;
-        rec.started_at = started_at;
-        self.save(&rec)?;
-        Ok(())
-    }
-
-    /// Brings a record up to date with its shim (or its exit file when the shim is gone).
-    pub async fn refresh(&self, mut rec: ContainerRecord) -> ContainerRecord {
-        if rec.state != ContainerState::Running && rec.state != ContainerState::Created {
-            return rec;
-        }
-        let exit = match ShimClient::new(&rec.socket)
-            .state(Duration::from_secs(2))
             .await
-        {
-            Ok(s) if s.status == api::Status::Stopped as i32 => s.exit.map(|e| ExitInfo {
-                exit_code: e.exit_code,
-                finished_at: parse_rfc3339_utc(&e.exited_at)
-                    .unwrap_or_else(crate::util::unix_nanos_now),
-                reason: e.reason,
-            }),
-            Ok(_) => None,
-            Err(ShimError::Unavailable { .. }) => Some(self.exit_from_file(&rec)),
-            Err(e) => {
-                tracing::warn!(container = %rec.id, error = %e, "shim did not answer; reporting the last known state");
-                None
-            }
-        };
-        if let Some(exit) = exit {
-            rec.state = ContainerState::Exited;
-            rec.exit = Some(exit);
-            // Saved only while the record exists: a concurrent remove must not be undone.
-            let _guard = self.lock.lock().await;
-            match self.get(&rec.id) {
-                Ok(_) => {
-                    if let Err(e) = self.save(&rec) {
-                        tracing::warn!(container = %rec.id, error = %e, "saving exit");
-                    }
+            .map_err(|e| ContainerError::shim(&rec.id, e))?;
+        let started = self
+            .table
+            .update(&rec.id, |r| {
+                let created = r.state == ContainerState::Created;
+                if created {
+                    r.state = ContainerState::Running;
+                    r.started_at = started_at;
                 }
-                Err(ContainerError::NotFound(_)) => {}
-                Err(e) => tracing::warn!(container = %rec.id, error = %e, "saving exit"),
-            }
+                created
+            })
+            .map_err(|e| ContainerError::Internal(format!("saving container {}: {e}", rec.id)))?;
+        if let Some(rec) = started {
+            self.emit(EventKind::Started, rec, false);
         }
-        rec
-    }
-
-    fn exit_from_file(&self, rec: &ContainerRecord) -> ExitInfo {
-        match std::fs::read(&rec.exit_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<ExitFile>(&b).ok())
-        {
-            Some(f) => ExitInfo {
-                exit_code: f.exit_code,
-                finished_at: parse_rfc3339_utc(&f.exited_at)
-                    .unwrap_or_else(crate::util::unix_nanos_now),
-                reason: f.reason,
-            },
-            None => ExitInfo {
-                exit_code: 255,
-                finished_at: crate::util::unix_nanos_now(),
-                reason: "Unknown".into(),
-            },
-        }
+        Ok(())
     }
 
     /// StopContainer: the stop signal, then SIGKILL after `timeout`; unknown or exited is fine.
     pub async fn stop(&self, id: &str, timeout: i64) -> Result<(), ContainerError> {
-        let rec = match self.get(id) {
-            Ok(r) => self.refresh(r).await,
+        let rec = match self.find(id) {
+            Ok(r) => r,
             Err(ContainerError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        if rec.state != ContainerState::Running && rec.state != ContainerState::Created {
+        if !rec.is_active() {
             return Ok(());
         }
         let shim = ShimClient::new(&rec.socket);
+        let failed = |e| ContainerError::shim(&rec.id, e);
         let wait = |ms: u64| api::request::Request::Wait(api::WaitRequest { timeout_ms: ms });
         if timeout > 0 {
             shim.call(
@@ -522,14 +559,16 @@ impl ContainerManager {
                 }),
                 SHIM_CALL,
             )
-            .await?;
+            .await
+            .map_err(failed)?;
             let ms = (timeout as u64).saturating_mul(1000);
             if let Ok(api::response::Result::Wait(w)) = shim
                 .call(wait(ms), Duration::from_millis(ms) + SHIM_CALL)
                 .await
                 && w.exited
             {
-                self.refresh(rec).await;
+                self.record_exit(&rec.id, super::container_exit::from_status(w.exit), false)
+                    .await;
                 return Ok(());
             }
         }
@@ -540,30 +579,60 @@ impl ContainerManager {
             }),
             SHIM_CALL,
         )
-        .await?;
-        shim.call(wait(10_000), Duration::from_secs(15)).await?;
-        self.refresh(rec).await;
-        Ok(())
+        .await
+        .map_err(failed)?;
+        match shim
+            .call(wait(10_000), Duration::from_secs(15))
+            .await
+            .map_err(failed)?
+        {
+            api::response::Result::Wait(w) if w.exited => {
+                self.record_exit(&rec.id, super::container_exit::from_status(w.exit), false)
+                    .await;
+                Ok(())
+            }
+            _ => Err(ContainerError::DeadlineExceeded(format!(
+                "container {}: still running 10 s after SIGKILL",
+                rec.id
+            ))),
+        }
     }
 
     /// RemoveContainer: kills it if running, deletes everything; unknown is fine.
     pub async fn remove(&self, id: &str) -> Result<(), ContainerError> {
-        let rec = match self.get(id) {
+        let rec = match self.find(id) {
             Ok(r) => r,
             Err(ContainerError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // The watcher goes first: the shim exits on Delete, which is no crash.
+        self.unwatch(&rec.id);
         // The shim call may be slow (a hung shim): only the record change holds the lock.
-        self.teardown(&rec).await;
-        let _guard = self.lock.lock().await;
-        self.delete(&rec.id)?;
-        self.names.release(&rec.name, &rec.id);
+        let exit = self.release_shim(&rec).await;
+        let mut last = ContainerRecord::clone(&rec);
+        if rec.is_active() {
+            last.state = ContainerState::Exited;
+            last.exit = Some(exit.unwrap_or_else(|| self.exit_from_file(&rec)));
+            self.emit(EventKind::Stopped, Arc::new(last.clone()), false);
+        }
+        self.undo_files(&rec);
+        {
+            let _guard = self.lock.lock().await;
+            self.delete(&rec.id)?;
+            self.names.release(&rec.name, &rec.id);
+        }
+        self.emit(EventKind::Deleted, Arc::new(last), false);
         Ok(())
     }
 
     /// Removes the shim (kill + delete), the rootfs mount, the snapshot and the bundle.
     async fn teardown(&self, rec: &ContainerRecord) {
         self.release_shim(rec).await;
+        self.undo_files(rec);
+    }
+
+    /// Removes the rootfs mount, the snapshot and the bundle.
+    fn undo_files(&self, rec: &ContainerRecord) {
         let mut prepared = Prepared {
             id: rec.id.clone(),
             snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),
@@ -575,8 +644,9 @@ impl ContainerManager {
     }
 
     /// Deletes the container through its shim (or, with no shim to answer, kills what runs in
-    /// its cgroup and removes the cgroup), and removes the shim's socket.
-    async fn release_shim(&self, rec: &ContainerRecord) {
+    /// its cgroup and removes the cgroup), and removes the shim's socket. Returns the exit the
+    /// shim reported, if it did.
+    async fn release_shim(&self, rec: &ContainerRecord) -> Option<ExitInfo> {
         let socket = rec.socket.clone();
         // Delete through the shim; a gone shim is fine.
         let deleted = ShimClient::new(&socket)
@@ -585,16 +655,27 @@ impl ContainerManager {
                 Duration::from_secs(10),
             )
             .await;
-        if deleted.is_err() {
-            // No shim to do it (crashed, or never started): whatever runs in the container's
-            // cgroup is killed and the cgroup removed here.
-            if let Some(cgroup) = bundle_cgroup(&rec.bundle)
-                && let Ok(layout) = super::cgroups::Layout::detect()
-            {
-                super::cgroups::kill_and_remove(&layout, &cgroup);
+        let exit = match deleted {
+            Ok(api::response::Result::Delete(d)) => d.exit.map(super::container_exit::exit_info),
+            Ok(_) => None,
+            Err(_) => {
+                // No shim to do it (crashed, or never started): whatever runs in the
+                // container's cgroup is killed and the cgroup removed here.
+                self.kill_cgroup(rec);
+                None
             }
-        }
+        };
         let _ = std::fs::remove_file(&socket);
+        exit
+    }
+
+    /// Kills whatever runs in the container's cgroup and removes the cgroup.
+    pub(super) fn kill_cgroup(&self, rec: &ContainerRecord) {
+        if let Some(cgroup) = bundle_cgroup(&rec.bundle)
+            && let Ok(layout) = super::cgroups::Layout::detect()
+        {
+            super::cgroups::kill_and_remove(&layout, &cgroup);
+        }
     }
 
     /// ExecSync: runs `cmd` in the running container; a timeout of 0 waits without limit.
@@ -607,13 +688,7 @@ impl ContainerManager {
         if cmd.is_empty() {
             return Err(CreateError::InvalidArgument("ExecSync: cmd is empty".into()).into());
         }
-        let rec = self.refresh(self.get(id)?).await;
-        if rec.state != ContainerState::Running {
-            return Err(ContainerError::FailedPrecondition(format!(
-                "ExecSync: container {} is not running",
-                rec.id
-            )));
-        }
+        let rec = self.running(id, "ExecSync")?;
         let timeout_ms = u64::try_from(timeout_secs.max(0))
             .unwrap_or(0)
             .saturating_mul(1000);
@@ -627,7 +702,11 @@ impl ContainerManager {
             timeout_ms,
             ..Default::default()
         });
-        match ShimClient::new(&rec.socket).call(request, deadline).await? {
+        match ShimClient::new(&rec.socket)
+            .call(request, deadline)
+            .await
+            .map_err(|e| ContainerError::shim(&rec.id, e))?
+        {
             api::response::Result::ExecSync(r) if r.timed_out => {
                 Err(ContainerError::DeadlineExceeded(format!(
                     "ExecSync in container {}: command {cmd:?} timed out after {timeout_secs} s",
@@ -643,93 +722,102 @@ impl ContainerManager {
 
     /// ReopenContainerLog: the shim reopens the log file (after rotation).
     pub async fn reopen_log(&self, id: &str) -> Result<(), ContainerError> {
-        let rec = self.refresh(self.get(id)?).await;
-        if rec.state != ContainerState::Running {
-            return Err(ContainerError::FailedPrecondition(format!(
-                "ReopenContainerLog: container {} is not running",
-                rec.id
-            )));
-        }
+        let rec = self.running(id, "ReopenContainerLog")?;
         ShimClient::new(&rec.socket)
             .call(
                 api::request::Request::ReopenLog(api::ReopenLogRequest {}),
                 SHIM_CALL,
             )
-            .await?;
+            .await
+            .map_err(|e| ContainerError::shim(&rec.id, e))?;
         Ok(())
+    }
+
+    /// The container `id` if it is running (for ExecSync, Exec, Attach and log reopening).
+    pub fn running(&self, id: &str, call: &str) -> Result<Arc<ContainerRecord>, ContainerError> {
+        let rec = self.find(id)?;
+        if rec.state != ContainerState::Running {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "{call}: container {} is not running",
+                rec.id
+            )));
+        }
+        Ok(rec)
     }
 
     /// Ids of the containers of sandbox `sandbox_id` (exact id).
     pub fn in_sandbox(&self, sandbox_id: &str) -> Result<Vec<String>, ContainerError> {
         Ok(self
-            .records()?
+            .table
+            .all()
             .into_iter()
             .filter(|r| r.sandbox_id == sandbox_id)
-            .map(|r| r.id)
+            .map(|r| r.id.clone())
             .collect())
     }
 
-    /// ContainerStatus.
-    pub async fn status(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
-        let rec = self.get(id)?;
-        Ok(self.refresh(rec).await)
+    /// ContainerStatus: the state berthd holds.
+    pub fn status(&self, id: &str) -> Result<Arc<ContainerRecord>, ContainerError> {
+        self.find(id)
     }
 
-    /// ListContainers (each refreshed with a short deadline; a hung shim does not block).
-    pub async fn list(
-        &self,
-        filter: Option<&cri::ContainerFilter>,
-    ) -> Result<Vec<ContainerRecord>, ContainerError> {
-        let mut wanted = Vec::new();
-        for rec in self.records()? {
-            if rec.state == ContainerState::Creating {
-                continue;
+    /// ListContainers, from the state berthd holds.
+    pub fn list(&self, filter: Option<&cri::ContainerFilter>) -> Vec<Arc<ContainerRecord>> {
+        let one;
+        let candidates = match filter.map(|f| f.id.as_str()) {
+            // An exact id is one lookup.
+            Some(id) if !id.is_empty() => {
+                one = self.table.find(id).into_iter().collect::<Vec<_>>();
+                one
             }
-            if let Some(f) = filter {
-                if !f.id.is_empty() && !rec.id.starts_with(&f.id) {
-                    continue;
-                }
-                if !f.pod_sandbox_id.is_empty() && !rec.sandbox_id.starts_with(&f.pod_sandbox_id) {
-                    continue;
-                }
-                let labels: HashMap<String, String> = rec.config().labels;
-                if !f
-                    .label_selector
-                    .iter()
-                    .all(|(k, v)| labels.get(k) == Some(v))
-                {
-                    continue;
-                }
-            }
-            wanted.push(rec);
-        }
-        // Shims are asked at once: one slow or hung shim costs one deadline, not one each.
-        let refreshed =
-            futures_util::future::join_all(wanted.into_iter().map(|r| self.refresh(r))).await;
-        Ok(refreshed
+            _ => self.table.all(),
+        };
+        candidates
             .into_iter()
-            .filter(|rec| {
-                filter
-                    .and_then(|f| f.state.as_ref())
-                    .is_none_or(|state| cri_state(rec.state) == state.state)
-            })
-            .collect())
+            .filter(|rec| rec.state != ContainerState::Creating)
+            .filter(|rec| filter.is_none_or(|f| container_matches(rec, f)))
+            .collect()
     }
 
-    /// Every stored container as last saved (stats must not wait on shims).
+    /// Every stored container (stats).
     pub(crate) fn stored(&self) -> Result<Vec<ContainerRecord>, ContainerError> {
-        self.records()
+        Ok(self
+            .table
+            .all()
+            .into_iter()
+            .map(|r| ContainerRecord::clone(&r))
+            .collect())
     }
 
     /// Saves a record changed in `container_update.rs`.
     pub(crate) fn save_record(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
-        self.save(rec)
+        self.save(rec).map(drop)
     }
 
     /// Serialises with create and remove (for `container_update.rs`).
     pub(crate) async fn lock_records(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.lock.lock().await
     }
+}
+
+/// Whether `rec` passes a ListContainers filter.
+fn container_matches(rec: &ContainerRecord, f: &cri::ContainerFilter) -> bool {
+    if !f.id.is_empty() && !rec.id.starts_with(&f.id) {
+        return false;
+    }
+    if !f.pod_sandbox_id.is_empty() && !rec.sandbox_id.starts_with(&f.pod_sandbox_id) {
+        return false;
+    }
+    if f.state
+        .as_ref()
+        .is_some_and(|s| cri_state(rec.state) != s.state)
+    {
+        return false;
+    }
+    let labels = &rec.config_ref().labels;
+    f.label_selector
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// `linux.cgroupsPath` of the OCI spec in `bundle`.
@@ -768,20 +856,6 @@ pub fn cri_state(s: ContainerState) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_parses_to_unix_nanos() {
-        assert_eq!(parse_rfc3339_utc("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            parse_rfc3339_utc("1970-01-01T00:00:01.5Z"),
-            Some(1_500_000_000)
-        );
-        assert_eq!(
-            parse_rfc3339_utc("2026-11-29T12:00:00.000000001Z"),
-            Some(1_795_953_600_000_000_001)
-        );
-        assert_eq!(parse_rfc3339_utc("garbage"), None);
-    }
 
     #[test]
     fn the_shims_own_line_is_the_error() {

@@ -12,7 +12,7 @@ use prost::Message;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use tokio::io::AsyncReadExt;
 
-use super::container::{ContainerError, ContainerManager, ContainerRecord, ContainerState};
+use super::container::{ContainerError, ContainerManager};
 use super::shim_client::api;
 
 /// How long the shim may take to start the process and answer.
@@ -158,18 +158,6 @@ fn named(names: &[String], fds: Vec<OwnedFd>) -> Vec<(String, OwnedFd)> {
 }
 
 impl ContainerManager {
-    /// The container `id` if it is running (for Exec, Attach and their streams).
-    pub async fn running(&self, id: &str, call: &str) -> Result<ContainerRecord, ContainerError> {
-        let rec = self.refresh(self.get(id)?).await;
-        if rec.state != ContainerState::Running {
-            return Err(ContainerError::FailedPrecondition(format!(
-                "{call}: container {} is not running",
-                rec.id
-            )));
-        }
-        Ok(rec)
-    }
-
     /// Starts `cmd` in the running container `id` with its stdio handed to the caller.
     pub async fn exec_stream(
         &self,
@@ -180,7 +168,7 @@ impl ContainerManager {
         stdout: bool,
         stderr: bool,
     ) -> Result<ShimSession, ContainerError> {
-        let rec = self.running(id, "Exec").await?;
+        let rec = self.running(id, "Exec")?;
         let request = api::request::Request::ExecStream(api::ExecStreamRequest {
             args: cmd.to_vec(),
             tty,
@@ -212,7 +200,7 @@ impl ContainerManager {
         stdout: bool,
         stderr: bool,
     ) -> Result<ShimSession, ContainerError> {
-        let rec = self.running(id, "Attach").await?;
+        let rec = self.running(id, "Attach")?;
         let config = rec.config();
         let close_stdin = stdin && config.stdin && config.stdin_once;
         let request = api::request::Request::Attach(api::AttachRequest {

@@ -506,7 +506,7 @@ impl ContainerManager {
         resources: Option<&cri::LinuxContainerResources>,
         layout: &Layout,
     ) -> Result<(), ContainerError> {
-        let mut rec = self.status(id).await?;
+        let mut rec = self.get(id)?;
         let Some(r) = resources else {
             // Nothing to change (a Windows-only request, say).
             return Ok(());

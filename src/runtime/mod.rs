@@ -1,12 +1,16 @@
-//! The runtime core: pod sandboxes and containers (being built for the runtime issue).
+//! The runtime core: pod sandboxes and containers, their state and events.
 
 pub mod cgroups;
 pub mod container;
 pub mod container_create;
+pub mod container_exit;
 pub mod container_stream;
 pub mod container_update;
+pub mod decoded;
+pub mod events;
 pub mod names;
 pub mod pin;
+pub mod process;
 pub mod sandbox;
 pub mod sandbox_files;
 pub mod shim_client;

@@ -14,6 +14,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::process::HostProcess;
+
 /// Which namespaces a pod pins, and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PinRequest {
@@ -100,79 +102,9 @@ pub fn validate_sysctls(req: &PinRequest) -> Result<(), PinError> {
     Ok(())
 }
 
-/// The pod's init process: host pid and start time (clock ticks since boot), which together
-/// name it even after its pid is reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PodInit {
-    pub pid: i32,
-    pub start_time: u64,
-}
-
-impl PodInit {
-    /// The process `pid` with its current start time, if it exists.
-    pub fn of(pid: i32) -> Option<Self> {
-        start_time(pid).map(|start_time| Self { pid, start_time })
-    }
-
-    /// Whether this exact process still exists (a zombie included).
-    pub fn alive(&self) -> bool {
-        start_time(self.pid) == Some(self.start_time)
-    }
-
-    /// Whether it runs: exists and is not a zombie waiting for the host's init to reap it.
-    pub fn is_running(&self) -> bool {
-        self.alive() && proc_state(self.pid).is_some_and(|s| s != 'Z' && s != 'X')
-    }
-
-    /// SIGKILLs it (which kills every process of its PID namespace) and waits until it is
-    /// gone (at most 1 s); gone already is fine.
-    pub fn kill(&self) {
-        if !self.alive() {
-            return;
-        }
-        let Some(pid) = rustix::process::Pid::from_raw(self.pid) else {
-            return;
-        };
-        if let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
-            tracing::warn!(pid = self.pid, error = %e, "killing the pod init");
-            return;
-        }
-        // The kernel ends the namespace's other processes with it: give that a moment, so the
-        // pod's cgroup can be removed right after.
-        for _ in 0..200 {
-            if !self.is_running() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        tracing::warn!(
-            pid = self.pid,
-            "the pod init did not die within 1 s of SIGKILL"
-        );
-    }
-}
-
-/// Fields 3 onwards of `/proc/<pid>/stat` (after the command name).
-fn stat_fields(pid: i32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks since boot.
-fn start_time(pid: i32) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
-}
-
-/// Field 3 of `/proc/<pid>/stat`: R, S, D, Z, ...
-fn proc_state(pid: i32) -> Option<char> {
-    stat_fields(pid)?.first()?.chars().next()
-}
-
 /// Pins the namespaces by running `exe pin-namespaces` (berthd itself); waits for it.
 /// Returns the pod init when a PID namespace was asked for.
-pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<PodInit>, PinError> {
+pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<HostProcess>, PinError> {
     validate_sysctls(req)?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("pin-namespaces");
@@ -205,7 +137,7 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<PodInit>, PinErr
             return Ok(None);
         }
         let printed = String::from_utf8_lossy(&out.stdout);
-        return match printed.trim().parse::<i32>().ok().and_then(PodInit::of) {
+        return match printed.trim().parse::<i32>().ok().and_then(HostProcess::of) {
             Some(init) => Ok(Some(init)),
             None => {
                 unpin(req);

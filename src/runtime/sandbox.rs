@@ -5,7 +5,6 @@
 //! mount, files, cgroups) is removed with the record. A `Ready` sandbox whose pinned network
 //! namespace vanished (a reboot emptied the state dir) is reported `NotReady`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,11 +13,13 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use super::cgroups::{self, Layout};
+use super::decoded::Decoded;
 use super::names::{self, NameRegistry, Reservation};
-use super::pin::{self, PinRequest, PodInit};
+use super::pin::{self, PinRequest};
+use super::process::HostProcess;
 use super::sandbox_files;
 use crate::net::{NetError, NetManager};
-use crate::store::{SANDBOXES, Store};
+use crate::store::{RecordTable, SANDBOXES, Store};
 
 /// Why a sandbox operation failed; each maps to one gRPC code in `cri/`.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +76,7 @@ pub struct SandboxRecord {
     pub pid_ns: Option<PathBuf>,
     /// The init of `pid_ns`.
     #[serde(default)]
-    pub pod_init: Option<PodInit>,
+    pub pod_init: Option<HostProcess>,
     /// The pod's /dev/shm (a tmpfs) unless it shares the host's IPC.
     pub shm: Option<PathBuf>,
     pub cgroup_parent: String,
@@ -84,15 +85,20 @@ pub struct SandboxRecord {
     /// The pod's IPs from CNI (IPv4 first); empty with loopback only or the host's network.
     #[serde(default)]
     pub pod_ips: Vec<String>,
+    /// `config_hex` decoded, once.
+    #[serde(skip)]
+    pub decoded: Decoded<cri::PodSandboxConfig>,
 }
 
 impl SandboxRecord {
     /// The decoded config.
     pub fn config(&self) -> cri::PodSandboxConfig {
-        hex::decode(&self.config_hex)
-            .ok()
-            .and_then(|b| cri::PodSandboxConfig::decode(b.as_slice()).ok())
-            .unwrap_or_default()
+        self.config_ref().clone()
+    }
+
+    /// The decoded config (decoded once per record in memory).
+    pub fn config_ref(&self) -> &cri::PodSandboxConfig {
+        self.decoded.get(&self.config_hex)
     }
 
     fn pins(&self, net: bool, rest: bool) -> PinRequest {
@@ -113,7 +119,7 @@ impl SandboxRecord {
 
 /// Runs and tracks sandboxes.
 pub struct SandboxManager {
-    store: Store,
+    table: RecordTable<SandboxRecord>,
     state_dir: PathBuf,
     exe: PathBuf,
     layout: Layout,
@@ -144,8 +150,10 @@ impl SandboxManager {
     ) -> Result<Arc<Self>, SandboxError> {
         let exe = std::env::current_exe().map_err(internal("finding berthd's own path"))?;
         let layout = Layout::detect().map_err(internal("reading cgroup mounts"))?;
+        let table = RecordTable::load(store, SANDBOXES, |r: &SandboxRecord| r.id.as_str())
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
         let manager = Arc::new(Self {
-            store,
+            table,
             state_dir: state_dir.to_owned(),
             exe,
             layout,
@@ -153,7 +161,8 @@ impl SandboxManager {
             net,
             lock: tokio::sync::Mutex::new(()),
         });
-        for mut rec in manager.records()? {
+        for rec in manager.records()? {
+            let mut rec = SandboxRecord::clone(&rec);
             match rec.state {
                 SandboxState::Creating => {
                     tracing::info!(sandbox = %rec.id, "rolling back a sandbox that was half created");
@@ -183,21 +192,20 @@ impl SandboxManager {
         Ok(manager)
     }
 
-    fn records(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
-        self.store
-            .list_records(SANDBOXES)
-            .map_err(|e| SandboxError::Internal(e.to_string()))
+    fn records(&self) -> Result<Vec<Arc<SandboxRecord>>, SandboxError> {
+        Ok(self.table.all())
     }
 
     fn save(&self, rec: &SandboxRecord) -> Result<(), SandboxError> {
-        self.store
-            .put_record(SANDBOXES, &rec.id, rec)
+        self.table
+            .put(&rec.id, rec.clone())
+            .map(drop)
             .map_err(|e| SandboxError::Internal(format!("saving sandbox {}: {e}", rec.id)))
     }
 
     fn delete(&self, id: &str) -> Result<(), SandboxError> {
-        self.store
-            .delete_record(SANDBOXES, id)
+        self.table
+            .remove(id)
             .map_err(|e| SandboxError::Internal(format!("deleting sandbox {id}: {e}")))
     }
 
@@ -216,19 +224,23 @@ impl SandboxManager {
 
     /// The sandbox with id `id` or a unique prefix of it.
     pub fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
+        self.find(id).map(|r| SandboxRecord::clone(&r))
+    }
+
+    /// The sandbox with id `id` or a unique prefix of it, shared.
+    pub fn find(&self, id: &str) -> Result<Arc<SandboxRecord>, SandboxError> {
         if id.is_empty() {
             return Err(SandboxError::InvalidArgument(
                 "pod sandbox id is empty".into(),
             ));
         }
-        self.store
-            .find_record(SANDBOXES, id, |r: &SandboxRecord| r.id.as_str())
-            .map_err(|e| SandboxError::Internal(e.to_string()))?
+        self.table
+            .find(id)
             .ok_or_else(|| SandboxError::NotFound(id.to_string()))
     }
 
     /// Every sandbox (Creating ones included).
-    pub fn list(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
+    pub fn list(&self) -> Result<Vec<Arc<SandboxRecord>>, SandboxError> {
         self.records()
     }
 
@@ -307,6 +319,7 @@ impl SandboxManager {
             cgroup_parent,
             created_cgroups: Vec::new(),
             pod_ips: Vec::new(),
+            decoded: Decoded::default(),
         };
         let guard = self.lock.lock().await;
         self.save(&rec)?;
@@ -568,7 +581,8 @@ impl SandboxManager {
         if left.is_empty() {
             return Ok(());
         }
-        for mut other in self.records()? {
+        for other in self.records()? {
+            let mut other = SandboxRecord::clone(&other);
             if other.id == rec.id || other.cgroup_parent.is_empty() {
                 continue;
             }
@@ -598,7 +612,7 @@ impl SandboxManager {
                 return false;
             }
         }
-        let labels: HashMap<String, String> = rec.config().labels;
+        let labels = &rec.config_ref().labels;
         filter
             .label_selector
             .iter()

@@ -11,11 +11,13 @@
 
 mod images;
 mod records;
+mod table;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use images::ImageRecord;
+pub use table::RecordTable;
 
 /// Containers by id.
 pub const CONTAINERS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("containers");

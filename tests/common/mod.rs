@@ -573,6 +573,21 @@ pub async fn wait_exited(c: &CriClient, id: &str) -> cri::ContainerStatus {
     panic!("container {id} did not exit");
 }
 
+/// Host pid of the shim of container `id`.
+pub fn shim_pid(id: &str) -> i32 {
+    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.contains("berth-shim") && cmd.contains(id) {
+            return pid;
+        }
+    }
+    panic!("no shim for {id}");
+}
+
 /// StopPodSandbox + RemovePodSandbox (which also stop and remove its containers).
 pub async fn remove_pod(c: &CriClient, id: &str) {
     c.runtime()

@@ -1,0 +1,58 @@
+//! A protobuf message that a record keeps hex-encoded, decoded once while the record is in
+//! memory.
+
+use std::sync::{Arc, OnceLock};
+
+/// The decoded form of a record's hex-encoded message (empty until first asked for).
+#[derive(Debug)]
+pub struct Decoded<T>(OnceLock<Arc<T>>);
+
+impl<T> Default for Decoded<T> {
+    fn default() -> Self {
+        Self(OnceLock::new())
+    }
+}
+
+impl<T> Clone for Decoded<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T: prost::Message + Default> Decoded<T> {
+    /// The message `hex` holds (the default message if it does not decode), decoded on the
+    /// first call only.
+    pub fn get(&self, hex: &str) -> &T {
+        self.0.get_or_init(|| {
+            Arc::new(
+                hex::decode(hex)
+                    .ok()
+                    .and_then(|b| T::decode(b.as_slice()).ok())
+                    .unwrap_or_default(),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1 as cri;
+    use prost::Message;
+
+    #[test]
+    fn decodes_once_and_survives_garbage() {
+        let config = cri::PodSandboxConfig {
+            hostname: "h".into(),
+            ..Default::default()
+        };
+        let hex = hex::encode(config.encode_to_vec());
+        let d = Decoded::<cri::PodSandboxConfig>::default();
+        assert_eq!(d.get(&hex).hostname, "h");
+        // Decoded once: a later, different text is not read again.
+        assert_eq!(d.get("").hostname, "h");
+        assert_eq!(d.clone().get("").hostname, "h");
+        let bad = Decoded::<cri::PodSandboxConfig>::default();
+        assert_eq!(bad.get("zz").hostname, "");
+    }
+}
