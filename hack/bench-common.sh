@@ -73,3 +73,30 @@ layout.close()
 PY
   skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$d/pause-oci:pause" "docker://$image"
 }
+
+# rss_kib PID: resident memory of a process, KiB (0 when it is gone).
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# As the kubelet does before RunPodSandbox, make the pods' parent cgroup; on cgroup v1 its cpuset
+# must be filled in (a task cannot join an empty cpuset: ENOSPC), and clone_children makes the
+# per-pod children inherit it.
+make_cgroup_parent() {
+  local v1=/sys/fs/cgroup/cpuset
+  [ -f "$v1/cpuset.cpus" ] || return 0
+  mkdir -p "$v1/$1"
+  cat "$v1/cpuset.cpus" >"$v1/$1/cpuset.cpus"
+  cat "$v1/cpuset.mems" >"$v1/$1/cpuset.mems"
+  echo 1 >"$v1/$1/cgroup.clone_children"
+}
+
+# our_procs COMM_PREFIX: processes (daemons' shims) whose command line names the run's work
+# directory $W.
+our_procs() { # comm prefix
+  local f p
+  for f in /proc/[0-9]*/cmdline; do
+    p=${f#/proc/}; p=${p%/cmdline}
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$1"* ]] || continue
+    tr '\0' ' ' <"$f" 2>/dev/null | grep -qF "$W" && echo "$p"
+  done
+  return 0
+}

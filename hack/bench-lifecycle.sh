@@ -148,17 +148,6 @@ net_cleanup() {
     "ip_forward $ip_forward_before -> $(cat /proc/sys/net/ipv4/ip_forward)"
 }
 
-# Processes (daemons' shims) whose command line names this run's work directory.
-our_procs() { # comm prefix
-  local f p
-  for f in /proc/[0-9]*/cmdline; do
-    p=${f#/proc/}; p=${p%/cmdline}
-    [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$1"* ]] || continue
-    tr '\0' ' ' <"$f" 2>/dev/null | grep -qF "$W" && echo "$p"
-  done
-  return 0
-}
-
 cleanup() {
   set +e
   [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
@@ -182,7 +171,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 mib() { echo "scale=2; $1 / 1024" | bc; }
 ratio() { if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
@@ -215,18 +203,6 @@ start_containerd() {
   containerd --config "$d/config.toml" --log-level warn >"$d/log" 2>&1 &
   daemons+=("$!"); containerd_pid=$!
   wait_sock "$d/containerd.sock"
-}
-
-# As the kubelet does before RunPodSandbox, make the pods' parent cgroup; on cgroup v1 its cpuset
-# must be filled in (a task cannot join an empty cpuset: ENOSPC), and clone_children makes the
-# per-pod children inherit it.
-make_cgroup_parent() {
-  local v1=/sys/fs/cgroup/cpuset
-  [ -f "$v1/cpuset.cpus" ] || return 0
-  mkdir -p "$v1/$1"
-  cat "$v1/cpuset.cpus" >"$v1/$1/cpuset.cpus"
-  cat "$v1/cpuset.mems" >"$v1/$1/cpuset.mems"
-  echo 1 >"$v1/$1/cgroup.clone_children"
 }
 
 # bench KIND SOCKET DAEMON_PID SHIM_COMM: runs the benchmark, measuring memory while all N pods

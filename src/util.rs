@@ -90,7 +90,8 @@ pub fn release_free_memory() {
     }
 }
 
-/// Raises the open-file soft limit to the hard limit: unpacking holds a descriptor per path
+/// Raises the open-file soft limit to the hard limit, as containerd does: berthd holds two
+/// pidfds per container (its init and its shim), unpacking holds a descriptor per path
 /// component, and several layers unpack at once.
 pub fn raise_nofile_limit() {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
@@ -99,8 +100,13 @@ pub fn raise_nofile_limit() {
             current: limit.maximum,
             maximum: limit.maximum,
         };
-        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
-            tracing::warn!(error = %e, "cannot raise the open-file limit");
+        match rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
+            Ok(()) => tracing::info!(
+                from = ?limit.current,
+                to = ?limit.maximum,
+                "raised the open-file limit"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
     }
 }

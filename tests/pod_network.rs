@@ -249,18 +249,26 @@ async fn del_is_sent_after_a_berthd_restart() {
     let pod = run_pod(&c, &cfg).await;
     let ips = pod_ips(&c, &pod).await;
     assert_eq!(net.allocations(), ips);
-    // A verbose status runs CNI CHECK (CNI 1.0.0 here): the attachment is intact.
-    let verbose = c
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: pod.clone(),
-            verbose: true,
-        })
-        .await
-        .expect("status")
-        .into_inner();
-    let info: serde_json::Value =
-        serde_json::from_str(verbose.info.get("info").map_or("{}", String::as_str)).expect("json");
+    // A verbose status shows the last CNI CHECK (CNI 1.0.0 here), started in the background
+    // by the first one ("pending" until it finishes): the attachment is intact.
+    let mut info = serde_json::Value::Null;
+    for _ in 0..100 {
+        let verbose = c
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod.clone(),
+                verbose: true,
+            })
+            .await
+            .expect("status")
+            .into_inner();
+        info = serde_json::from_str(verbose.info.get("info").map_or("{}", String::as_str))
+            .expect("json");
+        if info["networkCheck"] != "pending" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert_eq!(info["networkCheck"], "ok", "{info}");
     // The conf dir changes while berthd is down: DEL must use what ADD used.
     std::fs::remove_file(net.conf_dir().join("10-test.conflist")).expect("rm conf");

@@ -238,12 +238,18 @@ async fn five_hundred_pods_run_list_and_go_with_nothing_left() {
         cri::ContainerEventType::ContainerStoppedEvent as i32,
         cri::ContainerEventType::ContainerDeletedEvent as i32,
     ];
-    assert_eq!(seen.len(), PODS);
-    for (_, ctr) in &made {
+    // Each container's events, and each pod sandbox's own (its id as the container id).
+    assert_eq!(seen.len(), 2 * PODS);
+    for (pod, ctr) in &made {
         assert_eq!(
             seen.get(ctr).map(Vec::as_slice),
             Some(&order[..]),
             "events of {ctr}"
+        );
+        assert_eq!(
+            seen.get(pod).map(Vec::as_slice),
+            Some(&order[..]),
+            "events of pod {pod}"
         );
     }
 }

@@ -4,6 +4,8 @@
 mod agent;
 #[path = "berthctl/bench.rs"]
 mod bench;
+#[path = "berthctl/bench_scale.rs"]
+mod bench_scale;
 #[path = "berthctl/config.rs"]
 mod config;
 #[path = "berthctl/pods.rs"]
@@ -192,6 +194,10 @@ enum Command {
 enum Bench {
     /// Time RunPodSandbox, CreateContainer, StartContainer and the teardown for N pods.
     Lifecycle(bench::LifecycleArgs),
+    /// Time ListContainers and ListPodSandbox with the pods the runtime has.
+    Lists(bench_scale::ListsArgs),
+    /// Time a container's exit (SIGKILL) to its CONTAINER_STOPPED event.
+    Exits(bench_scale::ExitsArgs),
 }
 
 fn main() {
@@ -511,6 +517,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             bench: Bench::Lifecycle(args),
         } => bench::lifecycle(&client, args, json).await?,
+        Command::Bench {
+            bench: Bench::Lists(args),
+        } => bench_scale::lists(&client, args, json).await?,
+        Command::Bench {
+            bench: Bench::Exits(args),
+        } => bench_scale::exits(&client, args, json).await?,
     }
     Ok(())
 }

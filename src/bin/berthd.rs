@@ -224,8 +224,8 @@ fn main() {
 fn run(cli: &Cli) -> anyhow::Result<()> {
     let cfg = effective_config(cli)?;
     berth::util::limit_malloc_arenas();
-    berth::util::raise_nofile_limit();
     berth::logging::init(&cfg.log_level)?;
+    berth::util::raise_nofile_limit();
     // reqwest is built without a TLS provider of its own: install ring's once, process-wide.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -83,11 +83,11 @@ impl EventSource {
         };
         let sandbox = self
             .sandboxes
-            .find(&event.container.sandbox_id)
+            .find(&event.sandbox_id)
             .ok()
             .and_then(|s| sandbox_service::status(&s, false, None).status);
         cri::ContainerEventResponse {
-            container_id: event.container.id.clone(),
+            container_id: event.id.clone(),
             container_event_type: kind as i32,
             created_at: event.at,
             pod_sandbox_status: sandbox,

@@ -12,6 +12,7 @@ use super::stats_service::{self, StatsCollector};
 use super::{container_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
 use crate::runtime::container::{ContainerManager, ContainerState};
+use crate::runtime::events::EventKind;
 use crate::runtime::sandbox::{SandboxManager, SandboxRecord, SandboxState};
 
 /// The RuntimeService.
@@ -212,6 +213,10 @@ async fn run_pod_sandbox(
     request: Request<cri::RunPodSandboxRequest>,
 ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
     let pod_sandbox_id = self.sandboxes.run(request.get_ref()).await?;
+    self.containers
+        .emit_sandbox(EventKind::Created, &pod_sandbox_id);
+    self.containers
+        .emit_sandbox(EventKind::Started, &pod_sandbox_id);
     Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id }))
 }
 
@@ -221,12 +226,16 @@ async fn stop_pod_sandbox(
 ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
     let id = &request.get_ref().pod_sandbox_id;
     // Its containers first (the CRI asks StopPodSandbox to stop them all).
+    let ready = self.sandboxes.find(id).ok().filter(|s| s.state == SandboxState::Ready);
     if let Ok(sandbox) = self.sandboxes.get(id) {
         for c in self.containers.in_sandbox(&sandbox.id)? {
             self.containers.stop(&c, 0).await?;
         }
     }
     self.sandboxes.stop(id).await?;
+    if let Some(s) = ready {
+        self.containers.emit_sandbox(EventKind::Stopped, &s.id);
+    }
     Ok(Response::new(cri::StopPodSandboxResponse {}))
 }
 
@@ -235,12 +244,16 @@ async fn remove_pod_sandbox(
     request: Request<cri::RemovePodSandboxRequest>,
 ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
     let id = &request.get_ref().pod_sandbox_id;
-    if let Ok(sandbox) = self.sandboxes.get(id) {
+    let existed = self.sandboxes.find(id).ok();
+    if let Some(sandbox) = &existed {
         for c in self.containers.in_sandbox(&sandbox.id)? {
             self.containers.remove(&c).await?;
         }
     }
     self.sandboxes.remove(id).await?;
+    if let Some(s) = existed {
+        self.containers.emit_sandbox(EventKind::Deleted, &s.id);
+    }
     Ok(Response::new(cri::RemovePodSandboxResponse {}))
 }
 
@@ -249,10 +262,11 @@ async fn pod_sandbox_status(
     request: Request<cri::PodSandboxStatusRequest>,
 ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
     let req = request.get_ref();
-    let rec = self.sandboxes.get(&req.pod_sandbox_id)?;
-    // CHECK runs only when asked for details: the kubelet polls the plain status often.
+    let rec = self.sandboxes.find(&req.pod_sandbox_id)?;
+    // CHECK only when asked for details (the kubelet polls the plain status often), and then
+    // its last result: the plugins run in the background.
     let check = if req.verbose {
-        self.sandboxes.check_network(&rec).await
+        self.sandboxes.last_network_check(&rec)
     } else {
         None
     };

@@ -245,25 +245,54 @@ impl ContainerManager {
             .map_err(|e| ContainerError::Internal(format!("deleting container {id}: {e}")))
     }
 
-    /// Sends a `kind` event for `rec` with its pod's containers as they are now.
-    pub(super) fn emit(&self, kind: EventKind, rec: Arc<ContainerRecord>, recovered: bool) {
-        let pod = self
+    /// The containers of sandbox `sandbox_id` as they are now, with `this` in place of its
+    /// stored record (or left out once deleted).
+    fn pod_of(
+        &self,
+        sandbox_id: &str,
+        this: Option<(&Arc<ContainerRecord>, EventKind)>,
+    ) -> Vec<Arc<ContainerRecord>> {
+        let mut pod: Vec<_> = self
             .table
             .all()
             .into_iter()
-            .filter(|r| r.sandbox_id == rec.sandbox_id && r.state != ContainerState::Creating)
+            .filter(|r| r.sandbox_id == sandbox_id && r.state != ContainerState::Creating)
+            .filter(|r| this.is_none_or(|(t, _)| t.id != r.id))
             .collect();
+        if let Some((t, kind)) = this
+            && kind != EventKind::Deleted
+        {
+            pod.push(t.clone());
+        }
+        pod
+    }
+
+    /// Sends a `kind` event for `rec` with its pod's containers as they are now.
+    pub(super) fn emit(&self, kind: EventKind, rec: Arc<ContainerRecord>, recovered: bool) {
         let event = ContainerEvent {
             kind,
             at: crate::util::unix_nanos_now(),
-            container: rec,
-            pod,
+            id: rec.id.clone(),
+            sandbox_id: rec.sandbox_id.clone(),
+            pod: self.pod_of(&rec.sandbox_id, Some((&rec, kind))),
         };
         if recovered {
             self.events.emit_recovered(event);
         } else {
             self.events.emit(event);
         }
+    }
+
+    /// Sends a `kind` event about pod sandbox `sandbox_id` itself (its id as the container id,
+    /// as containerd reports its sandbox containers), with the pod's containers.
+    pub fn emit_sandbox(&self, kind: EventKind, sandbox_id: &str) {
+        self.events.emit(ContainerEvent {
+            kind,
+            at: crate::util::unix_nanos_now(),
+            id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.to_string(),
+            pod: self.pod_of(sandbox_id, None),
+        });
     }
 
     /// The container `id` (or a unique prefix).

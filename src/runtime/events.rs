@@ -29,15 +29,17 @@ pub enum EventKind {
     Deleted,
 }
 
-/// One event: the container as it is after the change, and its pod's containers then.
+/// One event, about a container or (as containerd reports its sandbox containers) about a pod
+/// sandbox itself, whose id then stands as the container id.
 #[derive(Debug, Clone)]
 pub struct ContainerEvent {
     pub kind: EventKind,
     /// Unix nanoseconds.
     pub at: i64,
-    pub container: Arc<ContainerRecord>,
-    /// Every container of the same sandbox at the time of the event (this one included,
-    /// unless it was just deleted).
+    /// The container's id, or the sandbox's.
+    pub id: String,
+    pub sandbox_id: String,
+    /// Every container of the sandbox at the time of the event (a deleted one no more).
     pub pod: Vec<Arc<ContainerRecord>>,
 }
 
@@ -66,7 +68,7 @@ impl EventBus {
 
     /// Sends `event` to every subscriber; never waits.
     pub fn emit(&self, event: ContainerEvent) {
-        tracing::debug!(container = %event.container.id, kind = ?event.kind, "container event");
+        tracing::debug!(id = %event.id, kind = ?event.kind, "container event");
         // No subscriber is not an error.
         let _ = self.tx.send(Arc::new(event));
     }

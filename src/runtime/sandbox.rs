@@ -5,6 +5,7 @@
 //! mount, files, cgroups) is removed with the record. A `Ready` sandbox whose pinned network
 //! namespace vanished (a reboot emptied the state dir) is reported `NotReady`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -128,6 +129,21 @@ pub struct SandboxManager {
     net: Option<Arc<NetManager>>,
     /// Serialises state changes (cheap operations).
     lock: tokio::sync::Mutex<()>,
+    /// The last CNI CHECK of each pod network, and whether one runs now.
+    checks: std::sync::Mutex<HashMap<String, NetworkCheck>>,
+}
+
+/// How long a CNI CHECK result is shown before a verbose status starts another.
+const CHECK_FRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The last CNI CHECK of a pod's network.
+#[derive(Debug, Clone, Default)]
+struct NetworkCheck {
+    /// "ok", the plugin's error, or None before the first one finished (or when the plugins
+    /// have no CHECK).
+    result: Option<String>,
+    at: Option<std::time::Instant>,
+    running: bool,
 }
 
 fn namespace_mode(config: &cri::PodSandboxConfig) -> cri::NamespaceOption {
@@ -160,6 +176,7 @@ impl SandboxManager {
             names: NameRegistry::new(),
             net,
             lock: tokio::sync::Mutex::new(()),
+            checks: Default::default(),
         });
         for rec in manager.records()? {
             let mut rec = SandboxRecord::clone(&rec);
@@ -219,6 +236,40 @@ impl SandboxManager {
             Ok(true) => Some("ok".into()),
             Ok(false) => None,
             Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// The last CNI CHECK of a ready pod's network, for a verbose status: "ok", the plugin's
+    /// error, or "pending" before the first finished; None when there is nothing to check.
+    /// A result older than 10 s starts a new CHECK in the background: the status never waits
+    /// for the plugins.
+    pub fn last_network_check(self: &Arc<Self>, rec: &SandboxRecord) -> Option<String> {
+        if rec.state != SandboxState::Ready || rec.net_ns.is_none() || self.net.is_none() {
+            return None;
+        }
+        let mut checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = checks.entry(rec.id.clone()).or_default();
+        let stale = entry.at.is_none_or(|at| at.elapsed() > CHECK_FRESH);
+        if stale && !entry.running {
+            entry.running = true;
+            let (me, rec) = (self.clone(), rec.clone());
+            tokio::spawn(async move {
+                let result = me.check_network(&rec).await;
+                let mut checks = me.checks.lock().unwrap_or_else(|e| e.into_inner());
+                // Only while the pod still exists (its removal forgets the entry).
+                if let Some(entry) = checks.get_mut(&rec.id) {
+                    *entry = NetworkCheck {
+                        result,
+                        at: Some(std::time::Instant::now()),
+                        running: false,
+                    };
+                }
+            });
+        }
+        match (&entry.result, entry.at) {
+            (Some(r), _) => Some(r.clone()),
+            (None, None) => Some("pending".into()),
+            (None, Some(_)) => None,
         }
     }
 
@@ -568,6 +619,9 @@ impl SandboxManager {
         self.teardown(&rec);
         self.hand_over_cgroups(&rec)?;
         self.delete(&rec.id)?;
+        if let Ok(mut checks) = self.checks.lock() {
+            checks.remove(&rec.id);
+        }
         self.names.release(&rec.name, &rec.id);
         tracing::info!(sandbox = %rec.id, "pod sandbox removed");
         Ok(())

@@ -222,10 +222,22 @@ impl PodWorker {
                 }
             }
             self.publish();
+            // A change to the pod's containers (an exit) wakes the worker at once.
+            let changed = self
+                .sandbox
+                .as_ref()
+                .map(|(id, _)| self.ctx.relist.waker(id));
+            let pod_changed = async {
+                match &changed {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
                 _ = stop.changed() => {}
                 _ = self.termination_requested() => {}
+                () = pod_changed => {}
             }
         }
         tracing::info!(pod = %pod, "terminating pod");
@@ -474,19 +486,25 @@ impl PodWorker {
         };
         let mut rt = self.ctx.client.runtime();
         let snap = self.ctx.relist.get();
-        let list = if snap.newer_than(self.last_action) && snap.newer_than(self.sandbox_since) {
+        let list = if snap.fresh_for(&sandbox, self.last_action)
+            && snap.fresh_for(&sandbox, self.sandbox_since)
+        {
             snap.containers.get(&sandbox).cloned().unwrap_or_default()
         } else {
-            rt.list_containers(cri::ListContainersRequest {
-                filter: Some(cri::ContainerFilter {
-                    pod_sandbox_id: sandbox,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .map_err(|e| format!("ListContainers: {}", e.message()))?
-            .into_inner()
-            .containers
+            let began = Instant::now();
+            let list = rt
+                .list_containers(cri::ListContainersRequest {
+                    filter: Some(cri::ContainerFilter {
+                        pod_sandbox_id: sandbox.clone(),
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .map_err(|e| format!("ListContainers: {}", e.message()))?
+                .into_inner()
+                .containers;
+            self.ctx.relist.record(&sandbox, began, list.clone());
+            list
         };
         let mut by_name: HashMap<String, Vec<cri::ContainerStatus>> = HashMap::new();
         let mut cache = HashMap::new();

@@ -74,6 +74,7 @@ impl PodWorker {
         {
             tracing::warn!(sandbox = id, error = %e.message(), "RemovePodSandbox failed");
         }
+        self.ctx.relist.forget(id);
     }
 
     /// Stops the sandbox's running containers at once, each after its preStop hook, within

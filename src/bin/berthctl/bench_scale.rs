@@ -1,0 +1,262 @@
+//! `berthctl bench lists` and `berthctl bench exits`: how fast a runtime answers its list calls
+//! (with however many pods it runs), and how soon a container's exit reaches an events
+//! subscriber.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use berth::client::CriClient;
+use k8s_cri::v1 as cri;
+
+use crate::bench::Stats;
+use crate::status_message;
+
+#[derive(clap::Args)]
+pub struct ListsArgs {
+    /// Calls of each list method, one after the other.
+    #[arg(long, default_value_t = 200)]
+    pub calls: usize,
+}
+
+#[derive(clap::Args)]
+pub struct ExitsArgs {
+    /// Image of the containers (pulled first).
+    #[arg(long)]
+    pub image: String,
+    /// Containers killed, one at a time.
+    #[arg(long, short = 'n', default_value_t = 50)]
+    pub count: usize,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListsReport {
+    containers: usize,
+    pod_sandboxes: usize,
+    list_containers: Option<Stats>,
+    list_pod_sandbox: Option<Stats>,
+}
+
+/// Times ListContainers and ListPodSandbox (no filter), `calls` of each.
+pub async fn lists(client: &CriClient, args: ListsArgs, json: bool) -> anyhow::Result<()> {
+    if args.calls == 0 {
+        bail!("--calls must be at least 1");
+    }
+    let mut rt = client.runtime();
+    let (mut ctrs, mut pods) = (Vec::new(), Vec::new());
+    let (mut n_ctrs, mut n_pods) = (0, 0);
+    for _ in 0..args.calls {
+        let t = Instant::now();
+        n_ctrs = rt
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await
+            .map_err(status_message)
+            .context("ListContainers")?
+            .into_inner()
+            .containers
+            .len();
+        ctrs.push(t.elapsed());
+        let t = Instant::now();
+        n_pods = rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .map_err(status_message)
+            .context("ListPodSandbox")?
+            .into_inner()
+            .items
+            .len();
+        pods.push(t.elapsed());
+    }
+    let report = ListsReport {
+        containers: n_ctrs,
+        pod_sandboxes: n_pods,
+        list_containers: Stats::of(&ctrs),
+        list_pod_sandbox: Stats::of(&pods),
+    };
+    if json {
+        crate::print_json(&report)?;
+    } else {
+        for (name, s) in [
+            (format!("ListContainers ({n_ctrs})"), report.list_containers),
+            (
+                format!("ListPodSandbox ({n_pods})"),
+                report.list_pod_sandbox,
+            ),
+        ] {
+            if let Some(s) = s {
+                println!(
+                    "{name:<24} p50 {:8.3} ms  p99 {:8.3} ms",
+                    s.p50_ms, s.p99_ms
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `count` containers in one pod and kills each init with SIGKILL in turn, timing the
+/// wait for its CONTAINER_STOPPED event on a GetContainerEvents stream.
+pub async fn exits(client: &CriClient, args: ExitsArgs, json: bool) -> anyhow::Result<()> {
+    if args.count == 0 {
+        bail!("--count must be at least 1");
+    }
+    let mut rt = client.runtime();
+    let mut events = rt
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .map_err(status_message)
+        .context("GetContainerEvents")?
+        .into_inner();
+    client
+        .images()
+        .pull_image(cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: args.image.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(status_message)
+        .with_context(|| format!("pulling {}", args.image))?;
+    let host = cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ..Default::default()
+    };
+    let log_dir = std::env::temp_dir().join(format!("berthctl-exits-{}", std::process::id()));
+    let pod_config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "bench-exits".into(),
+            namespace: "berth-bench".into(),
+            uid: format!("bench-exits-{}", std::process::id()),
+            attempt: 0,
+        }),
+        log_directory: log_dir.display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(host),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let pod = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(pod_config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .map_err(status_message)
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
+    let timed = time_exits(client, &mut events, &pod, &pod_config, &args).await;
+    let _ = rt
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await;
+    let _ = rt
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: pod,
+        })
+        .await;
+    let _ = std::fs::remove_dir_all(&log_dir);
+    let stats = Stats::of(&timed?);
+    if json {
+        crate::print_json(&serde_json::json!({ "exitToEvent": stats }))?;
+    } else if let Some(s) = stats {
+        println!(
+            "exit to STOPPED event ({}): p50 {:.3} ms  p99 {:.3} ms",
+            s.n, s.p50_ms, s.p99_ms
+        );
+    }
+    Ok(())
+}
+
+async fn time_exits(
+    client: &CriClient,
+    events: &mut tonic::Streaming<cri::ContainerEventResponse>,
+    pod: &str,
+    pod_config: &cri::PodSandboxConfig,
+    args: &ExitsArgs,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut rt = client.runtime();
+    let mut samples = Vec::new();
+    for i in 0..args.count {
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: format!("victim-{i}"),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: args.image.clone(),
+                ..Default::default()
+            }),
+            command: vec!["sleep".into(), "3600".into()],
+            log_path: format!("victim-{i}.log"),
+            ..Default::default()
+        };
+        let id = rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.to_string(),
+                config: Some(config),
+                sandbox_config: Some(pod_config.clone()),
+            })
+            .await
+            .map_err(status_message)
+            .context("CreateContainer")?
+            .into_inner()
+            .container_id;
+        rt.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(status_message)
+        .context("StartContainer")?;
+        let info = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: true,
+            })
+            .await
+            .map_err(status_message)
+            .context("ContainerStatus")?
+            .into_inner()
+            .info;
+        let pid = info
+            .get("info")
+            .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+            .and_then(|v| v["pid"].as_i64())
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .with_context(|| format!("container {id}: no pid in its verbose status"))?;
+        let process = rustix::process::Pid::from_raw(pid)
+            .with_context(|| format!("container {id}: bad pid {pid}"))?;
+        let killed = Instant::now();
+        rustix::process::kill_process(process, rustix::process::Signal::KILL)
+            .with_context(|| format!("killing pid {pid} of container {id}"))?;
+        loop {
+            let e = tokio::time::timeout(Duration::from_secs(10), events.message())
+                .await
+                .with_context(|| format!("no STOPPED event for {id} within 10 s"))?
+                .map_err(status_message)?
+                .context("the events stream ended")?;
+            if e.container_id == id
+                && e.container_event_type == cri::ContainerEventType::ContainerStoppedEvent as i32
+            {
+                samples.push(killed.elapsed());
+                break;
+            }
+        }
+        rt.remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(status_message)
+        .context("RemoveContainer")?;
+    }
+    Ok(samples)
+}
