@@ -67,7 +67,7 @@ trap 'exit 130' INT TERM
 # cpu_ticks PID: user + system clock ticks of a process.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-start_berthd() {
+start_berth() {
   local d=$W/berth
   mkdir -p "$d/manifests"
   "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \

@@ -20,7 +20,8 @@ for n in r["counts"]:
         print(f'"{call}\\n{n} pods" {b["lists"][n_][key]["p50Ms"]} {c["lists"][n_][key]["p50Ms"]}')
 PY
 gnuplot <<GP
-set terminal pngcairo size 900,500 font "sans,11"
+set terminal pngcairo size 900,540 font "sans,11"
+set bmargin 5
 set output "$out"
 set title "CRI list calls with many running pods (p50, lower is better)"
 set ylabel "milliseconds (log scale)"

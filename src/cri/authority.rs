@@ -9,6 +9,12 @@
 //! never touch `h2`'s dynamic table, without an `:authority` that does not parse. Every other
 //! frame passes through unchanged, and the server's direction is not touched at all.
 //!
+//! A client sends the same `:authority` on every request of a connection (it belongs to the
+//! channel), so the first header block decides: when its `:authority` parses (or there is
+//! none), that block and everything after it pass through untouched, and `h2` decodes exactly
+//! what the client encoded; only a connection whose first request needed the rewrite is
+//! rewritten from then on.
+//!
 //! What this layer cannot make sense of it leaves to `h2`: a frame-level error (padding longer
 //! than the frame, a CONTINUATION missing) is passed through as it came, and a header block
 //! that does not decode is replaced by one that does not decode for `h2` either, so the client
@@ -86,7 +92,8 @@ enum State {
     Payload(usize),
     /// Waiting for the whole of a HEADERS or CONTINUATION frame.
     BlockFrame(FrameHeader),
-    /// Passing everything through unchanged (after an error left to `h2`).
+    /// Passing everything through unchanged (after an error left to `h2`, or once the first
+    /// request showed an `:authority` that `h2` accepts).
     Opaque,
 }
 
@@ -114,6 +121,8 @@ pub(crate) struct Rewriter {
     block: Option<PendingBlock>,
     /// Authorities dropped so far (for the log line when the connection ends).
     dropped: u64,
+    /// The first header block needed the rewrite: every later one is rewritten too.
+    rewriting: bool,
 }
 
 impl Default for Rewriter {
@@ -125,6 +134,7 @@ impl Default for Rewriter {
             state: State::Preface(PREFACE_LEN),
             block: None,
             dropped: 0,
+            rewriting: false,
         }
     }
 }
@@ -198,10 +208,10 @@ impl Rewriter {
         let end = header.flags & FLAG_END_HEADERS != 0;
         if let Some(mut block) = self.block.take() {
             block.fragment.extend_from_slice(payload);
+            block.raw.extend_from_slice(frame);
             if end {
-                self.finish_block(block.head, &block.fragment, out);
+                self.finish_block(block.head, &block.fragment, &block.raw, out);
             } else {
-                block.raw.extend_from_slice(frame);
                 self.block = Some(block);
             }
             return;
@@ -219,7 +229,7 @@ impl Rewriter {
         };
         if end {
             // The usual case, a whole block in one HEADERS frame: decoded where it lies.
-            self.finish_block(head, fragment, out);
+            self.finish_block(head, fragment, frame, out);
         } else {
             self.block = Some(PendingBlock {
                 head,
@@ -229,8 +239,10 @@ impl Rewriter {
         }
     }
 
-    /// Decodes a whole block and writes it again without an unparsable `:authority`.
-    fn finish_block(&mut self, head: BlockHead, fragment: &[u8], out: &mut BytesMut) {
+    /// Decodes a whole block (`raw`: its frames as they came) and writes it again without an
+    /// unparsable `:authority`; the connection's first block, when it needs no change, is
+    /// passed on as it came and the rest of the connection with it.
+    fn finish_block(&mut self, head: BlockHead, fragment: &[u8], raw: &[u8], out: &mut BytesMut) {
         let mut encoded = Vec::with_capacity(fragment.len() + 64);
         let mut dropped = false;
         let decoded = self.decoder.decode_with_cb(fragment, |name, value| {
@@ -241,9 +253,14 @@ impl Rewriter {
             encode_literal(&mut encoded, &name, &value);
         });
         match decoded {
+            Ok(()) if !dropped && !self.rewriting => {
+                out.extend_from_slice(raw);
+                self.state = State::Opaque;
+            }
             Ok(()) => {
                 if dropped {
                     self.dropped += 1;
+                    self.rewriting = true;
                     tracing::trace!(stream = head.stream, "dropped an unparsable :authority");
                 }
                 write_block(out, &head, &encoded);
@@ -591,6 +608,34 @@ mod tests {
         assert_eq!(decode_blocks(&out), vec![(1, fields)]);
         let (h, _) = &frames(&out[PREFACE_LEN..])[0];
         assert_eq!(h.flags & FLAG_END_STREAM, FLAG_END_STREAM);
+    }
+
+    #[test]
+    fn a_connection_whose_first_authority_parses_passes_through_untouched() {
+        // Indexed (so the client's dynamic table matters), then a later block with another
+        // authority: all of it reaches h2 byte for byte.
+        let mut first = Vec::new();
+        for (n, v) in &request_fields(b"localhost") {
+            indexed_literal(&mut first, n, v);
+        }
+        let mut later = Vec::new();
+        for (n, v) in &request_fields(b"/run/berth/berth.sock") {
+            encode_literal(&mut later, n, v);
+        }
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &first));
+        input.extend(frame(0x0, FLAG_END_STREAM, 1, b"body"));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &later));
+        assert_eq!(rewrite_all(&input), input);
+        // Whereas a connection that starts with a socket path is rewritten throughout.
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &later));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &first));
+        let out = rewrite_all(&input);
+        assert_ne!(out, input);
+        let blocks = decode_blocks(&out);
+        assert_eq!(blocks[0].1, without_authority(&request_fields(b"x")));
+        assert_eq!(blocks[1].1, request_fields(b"localhost"));
     }
 
     /// Padding, priority and CONTINUATION frames, fed one byte at a time: the same result as
