@@ -152,6 +152,21 @@ async fn events_follow_each_container_in_order_and_outside_exits_arrive_unpolled
         (cri::ContainerState::ContainerExited as i32, 3, "Error")
     );
     assert!(created.created_at <= started.created_at && started.created_at <= stopped.created_at);
+    // Once exited it is retired at once: its shim deleted it and left, its rootfs is unmounted.
+    let rootfs = d.root().join("containers").join(&short).join("rootfs");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (mounted(&rootfs) || find_shim(&short).is_some()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !mounted(&rootfs),
+        "the exited container's rootfs is unmounted"
+    );
+    assert_eq!(
+        find_shim(&short),
+        None,
+        "the exited container's shim is gone"
+    );
     c.runtime()
         .remove_container(cri::RemoveContainerRequest {
             container_id: short.clone(),

@@ -87,6 +87,10 @@ pub struct ContainerRecord {
     /// The container's init process, from create on.
     #[serde(default)]
     pub init_process: Option<HostProcess>,
+    /// Exited, and its shim deleted and rootfs unmounted already (see `container_exit.rs`):
+    /// removing it only deletes files and the record.
+    #[serde(default)]
+    pub retired: bool,
     /// `config_hex` decoded, once.
     #[serde(skip)]
     pub decoded: Decoded<cri::ContainerConfig>,
@@ -391,6 +395,7 @@ impl ContainerManager {
             groups: user.supplemental_groups.clone(),
             shim_process: None,
             init_process: None,
+            retired: false,
             decoded: Decoded::default(),
         };
         // No lock: nobody knows the new id before this call returns.
@@ -409,8 +414,9 @@ impl ContainerManager {
             Ok(saved) => {
                 ticket.created();
                 tracing::info!(container = %rec.id, "container created");
+                // CREATED goes out first: an init that dies at once is STOPPED after it.
+                self.emit(EventKind::Created, saved.clone(), false);
                 self.watch(&saved);
-                self.emit(EventKind::Created, saved, false);
                 Ok(rec.id)
             }
             Err(e) => {
@@ -577,6 +583,20 @@ impl ContainerManager {
         if !rec.is_active() {
             return Ok(());
         }
+        match self.signal_and_wait(&rec, timeout).await {
+            // The container exited meanwhile (its shim retires and goes away after an exit):
+            // stopped is what was asked for.
+            Err(_) if self.find(&rec.id).map_or(true, |r| !r.is_active()) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The stop signal, a wait of `timeout` seconds, then SIGKILL to the whole container.
+    async fn signal_and_wait(
+        &self,
+        rec: &ContainerRecord,
+        timeout: i64,
+    ) -> Result<(), ContainerError> {
         let shim = ShimClient::new(&rec.socket);
         let failed = |e| ContainerError::shim(&rec.id, e);
         let wait = |ms: u64| api::request::Request::Wait(api::WaitRequest { timeout_ms: ms });
@@ -637,7 +657,11 @@ impl ContainerManager {
         // The watcher goes first: the shim exits on Delete, which is no crash.
         self.unwatch(&rec.id);
         // The shim call may be slow (a hung shim): only the record change holds the lock.
-        let exit = self.release_shim(&rec).await;
+        let exit = if rec.retired {
+            None
+        } else {
+            self.release_shim(&rec).await
+        };
         let mut last = ContainerRecord::clone(&rec);
         if rec.is_active() {
             last.state = ContainerState::Exited;
@@ -675,7 +699,7 @@ impl ContainerManager {
     /// Deletes the container through its shim (or, with no shim to answer, kills what runs in
     /// its cgroup and removes the cgroup), and removes the shim's socket. Returns the exit the
     /// shim reported, if it did.
-    async fn release_shim(&self, rec: &ContainerRecord) -> Option<ExitInfo> {
+    pub(super) async fn release_shim(&self, rec: &ContainerRecord) -> Option<ExitInfo> {
         let socket = rec.socket.clone();
         // Delete through the shim; a gone shim is fine.
         let deleted = ShimClient::new(&socket)

@@ -273,6 +273,20 @@ fn effective_namespaces(
     config
 }
 
+/// Unmounts a container's rootfs; not mounted (EINVAL) or not there at all is fine.
+pub(super) fn unmount_rootfs(rootfs: &std::path::Path) -> Result<(), berth_snapshotter::Error> {
+    match berth_snapshotter::unmount(rootfs) {
+        Err(berth_snapshotter::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound
+                || source.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            tracing::debug!(rootfs = %rootfs.display(), "rootfs was not mounted");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 impl Prepared {
     /// Unmounts the rootfs and image volumes, removes the snapshots and the bundle. Idempotent:
     /// what is already gone is skipped (logged at debug), only a real failure warns.
@@ -282,20 +296,10 @@ impl Prepared {
         {
             volumes::undo_image_volumes(images, &self.id, bundle);
         }
-        if let Some(rootfs) = self.rootfs_mounted.take() {
-            match berth_snapshotter::unmount(&rootfs) {
-                Ok(()) => {}
-                // Not mounted (EINVAL) or not there at all.
-                Err(berth_snapshotter::Error::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound
-                        || source.raw_os_error() == Some(libc::EINVAL) =>
-                {
-                    tracing::debug!(rootfs = %rootfs.display(), "rootfs was not mounted");
-                }
-                Err(e) => {
-                    tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs")
-                }
-            }
+        if let Some(rootfs) = self.rootfs_mounted.take()
+            && let Err(e) = unmount_rootfs(&rootfs)
+        {
+            tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs");
         }
         if let Some(key) = self.snapshot.take() {
             match images.snapshotter().remove(&key) {

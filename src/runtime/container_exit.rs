@@ -3,6 +3,11 @@
 //! STOPPED event sent. Also the recovery at start-up of containers whose init or shim ended
 //! while berthd was down.
 //!
+//! Once its exit is recorded, a container is retired in the background, as containerd deletes
+//! a task when it exits: its shim deletes it (whatever is left in its cgroup is killed, the
+//! cgroup removed) and exits, and its rootfs is unmounted. RemoveContainer then only deletes
+//! files and the record.
+//!
 //! The exit code comes from the shim (which reaps the init and writes the exit file): asked
 //! with a deadline when the init ends, read from the exit file when the shim is gone. A shim
 //! that died under a running container leaves it with no one to control it: its processes are
@@ -283,11 +288,42 @@ impl ContainerManager {
         match updated {
             Ok(Some(rec)) => {
                 tracing::info!(container = %id, exit_code = code, "container exited");
-                self.emit(EventKind::Stopped, rec, recovered);
+                self.emit(EventKind::Stopped, rec.clone(), recovered);
+                self.spawn_retire(rec);
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(container = %id, error = %e, "saving exit"),
         }
+    }
+
+    /// Retires an exited container in the background (see the module doc).
+    fn spawn_retire(&self, rec: Arc<ContainerRecord>) {
+        let me = self.weak();
+        tokio::spawn(async move {
+            let Some(me) = me.upgrade() else { return };
+            me.release_shim(&rec).await;
+            let rootfs = rec.bundle.join("rootfs");
+            let unmounted = tokio::task::spawn_blocking(move || {
+                super::container_create::unmount_rootfs(&rootfs)
+                    .inspect_err(|e| {
+                        tracing::debug!(rootfs = %rootfs.display(), error = %e, "unmounting an exited container's rootfs");
+                    })
+                    .is_ok()
+            })
+            .await
+            .unwrap_or(false);
+            // Only while it is still there and exited (a removal may have come first).
+            let marked = me.table().update(&rec.id, |r| {
+                let exited = r.state == ContainerState::Exited && !r.retired;
+                if exited {
+                    r.retired = unmounted;
+                }
+                exited && unmounted
+            });
+            if let Err(e) = marked {
+                tracing::warn!(container = %rec.id, error = %e, "saving a retired container");
+            }
+        });
     }
 
     /// The exit the shim wrote, if it did.

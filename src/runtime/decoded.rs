@@ -1,5 +1,8 @@
 //! A protobuf message that a record keeps hex-encoded, decoded once while the record is in
 //! memory.
+//!
+//! A clone starts empty: records are cloned to be changed, and a changed record may hold
+//! another message (shared records in the store's table are not cloned, so they keep theirs).
 
 use std::sync::{Arc, OnceLock};
 
@@ -15,7 +18,7 @@ impl<T> Default for Decoded<T> {
 
 impl<T> Clone for Decoded<T> {
     fn clone(&self) -> Self {
-        Self(self.0.clone())
+        Self::default()
     }
 }
 
@@ -51,7 +54,15 @@ mod tests {
         assert_eq!(d.get(&hex).hostname, "h");
         // Decoded once: a later, different text is not read again.
         assert_eq!(d.get("").hostname, "h");
-        assert_eq!(d.clone().get("").hostname, "h");
+        // A clone decodes afresh (its record may have changed).
+        let other = cri::PodSandboxConfig {
+            hostname: "other".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            d.clone().get(&hex::encode(other.encode_to_vec())).hostname,
+            "other"
+        );
         let bad = Decoded::<cri::PodSandboxConfig>::default();
         assert_eq!(bad.get("zz").hostname, "");
     }

@@ -573,8 +573,8 @@ pub async fn wait_exited(c: &CriClient, id: &str) -> cri::ContainerStatus {
     panic!("container {id} did not exit");
 }
 
-/// Host pid of the shim of container `id`.
-pub fn shim_pid(id: &str) -> i32 {
+/// Host pid of the shim of container `id`, if one runs.
+pub fn find_shim(id: &str) -> Option<i32> {
     for e in std::fs::read_dir("/proc").expect("proc").flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
             continue;
@@ -582,10 +582,15 @@ pub fn shim_pid(id: &str) -> i32 {
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd);
         if cmd.contains("berth-shim") && cmd.contains(id) {
-            return pid;
+            return Some(pid);
         }
     }
-    panic!("no shim for {id}");
+    None
+}
+
+/// Host pid of the shim of container `id`.
+pub fn shim_pid(id: &str) -> i32 {
+    find_shim(id).unwrap_or_else(|| panic!("no shim for {id}"))
 }
 
 /// StopPodSandbox + RemovePodSandbox (which also stop and remove its containers).
