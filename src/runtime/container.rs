@@ -586,9 +586,12 @@ impl ContainerManager {
         match self.signal_and_wait(&rec, timeout).await {
             // The container exited meanwhile (its shim retires and goes away after an exit):
             // stopped is what was asked for.
-            Err(_) if self.find(&rec.id).map_or(true, |r| !r.is_active()) => Ok(()),
-            other => other,
+            Err(_) if self.find(&rec.id).map_or(true, |r| !r.is_active()) => {}
+            Err(e) => return Err(e),
+            Ok(()) => {}
         }
+        self.wait_retired(&rec.id).await;
+        Ok(())
     }
 
     /// The stop signal, a wait of `timeout` seconds, then SIGKILL to the whole container.

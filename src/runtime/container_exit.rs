@@ -35,7 +35,12 @@ const EXIT_REPORT: Duration = Duration::from_secs(3);
 pub(super) struct Live {
     transition: Arc<tokio::sync::Mutex<()>>,
     watcher: Option<AbortHandle>,
+    /// Notified when the container has been retired.
+    retired: Arc<tokio::sync::Notify>,
 }
+
+/// How long a StopContainer waits for its container's retirement.
+const RETIRE_WAIT: Duration = Duration::from_secs(10);
 
 /// Which process ended first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,18 +317,50 @@ impl ContainerManager {
             })
             .await
             .unwrap_or(false);
+            if !unmounted {
+                tracing::warn!(container = %rec.id, "the exited container's rootfs stays mounted until it is removed");
+            }
             // Only while it is still there and exited (a removal may have come first).
             let marked = me.table().update(&rec.id, |r| {
                 let exited = r.state == ContainerState::Exited && !r.retired;
-                if exited {
-                    r.retired = unmounted;
-                }
-                exited && unmounted
+                r.retired |= exited;
+                exited
             });
             if let Err(e) = marked {
                 tracing::warn!(container = %rec.id, error = %e, "saving a retired container");
             }
+            let notify = me.live().get(&rec.id).map(|l| l.retired.clone());
+            if let Some(n) = notify {
+                n.notify_waiters();
+            }
         });
+    }
+
+    /// Waits (at most 10 s) until container `id` is retired or gone: a StopContainer returns
+    /// once nothing of the container runs and its cgroup is gone, as containerd's does.
+    pub(super) async fn wait_retired(&self, id: &str) {
+        let notify = self
+            .live()
+            .entry(id.to_string())
+            .or_default()
+            .retired
+            .clone();
+        let waited = tokio::time::timeout(RETIRE_WAIT, async {
+            loop {
+                let notified = notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                match self.table().get(id) {
+                    Some(r) if !r.retired => {}
+                    _ => return,
+                }
+                notified.await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!(container = %id, "not retired within 10 s of its stop");
+        }
     }
 
     /// The exit the shim wrote, if it did.
