@@ -198,10 +198,7 @@ impl ContainerManager {
                     me.record_exit(&rec.id, from_status(s.exit), true).await;
                 }
                 Ok(s) => {
-                    let init = u32::try_from(s.pid)
-                        .ok()
-                        .and_then(|p| i32::try_from(p).ok())
-                        .and_then(HostProcess::of);
+                    let init = i32::try_from(s.pid).ok().and_then(HostProcess::of);
                     let adopted = me.table().update(&rec.id, |r| {
                         r.init_process = init;
                         true
