@@ -100,3 +100,23 @@ our_procs() { # comm prefix
   done
   return 0
 }
+
+# stop_run: ends what a benchmark run started: berthctl ($bench_pid), the daemons ($daemons),
+# their shims, containers (and containerd's pause processes) left in the run's cgroups ($CG-*),
+# mounts under $W, and those cgroups.
+stop_run() {
+  [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
+  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${daemons[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  for p in $(our_procs berth-shim) $(our_procs containerd-shim); do kill -9 "$p" 2>/dev/null; done
+  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
+    while read -r d; do find "$d" -name cgroup.procs -exec cat {} + ; done | sort -u |
+    xargs -r kill -9 2>/dev/null
+  sleep 0.5
+  grep -F " $W" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
+    while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
+}

@@ -148,23 +148,12 @@ net_cleanup() {
     "ip_forward $ip_forward_before -> $(cat /proc/sys/net/ipv4/ip_forward)"
 }
 
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
+
 cleanup() {
   set +e
-  [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
-  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${daemons[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-  done
-  for p in $(our_procs berth-shim) $(our_procs containerd-shim); do kill -9 "$p" 2>/dev/null; done
-  # Containers (and containerd's pause processes) left in this run's cgroups.
-  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
-    while read -r d; do find "$d" -name cgroup.procs -exec cat {} + ; done | sort -u |
-    xargs -r kill -9 2>/dev/null
-  sleep 0.5
-  grep -F " $W" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
-    while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
+  stop_run
   [ -n "${ip_forward_before:-}" ] && net_cleanup
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
 }
@@ -174,8 +163,6 @@ trap 'exit 130' INT TERM
 pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 mib() { echo "scale=2; $1 / 1024" | bc; }
 ratio() { if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
-# shellcheck source=hack/bench-common.sh
-. "$here/bench-common.sh"
 
 start_berthd() {
   local d=$W/berth net=() level=${BERTH_LOG_LEVEL:-warn}

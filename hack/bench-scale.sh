@@ -45,20 +45,7 @@ bench_pid=
 
 cleanup() {
   set +e
-  [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
-  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${daemons[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-  done
-  for p in $(our_procs berth-shim) $(our_procs containerd-shim); do kill -9 "$p" 2>/dev/null; done
-  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
-    while read -r d; do find "$d" -name cgroup.procs -exec cat {} + ; done | sort -u |
-    xargs -r kill -9 2>/dev/null
-  sleep 0.5
-  grep -F " $W" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-  find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
-    while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
+  stop_run
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
 }
 trap cleanup EXIT

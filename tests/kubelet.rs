@@ -187,7 +187,7 @@ async fn pod_network_init_container_emptydir_host_port_and_liveness_restarts() {
     node.write_pod(
         "web",
         &format!(
-            "  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: work\n    emptyDir: {{}}\n  initContainers:\n  - name: init\n    image: {img}\n    command: [sh, -c, 'echo written-by-init > /work/index.html']\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n  containers:\n  - name: main\n    image: {img}\n    command: [httpd, -f, -p, '80', -h, /work]\n    ports:\n    - {{containerPort: 80, hostPort: {host_port}}}\n    volumeMounts:\n    - {{name: work, mountPath: /work}}\n"
+            "  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: site\n    emptyDir: {{}}\n  initContainers:\n  - name: init\n    image: {img}\n    command: [sh, -c, 'echo written-by-init > /srv/site/index.html']\n    volumeMounts:\n    - {{name: site, mountPath: /srv/site}}\n  containers:\n  - name: main\n    image: {img}\n    command: [httpd, -f, -p, '80', -h, /srv/site]\n    ports:\n    - {{containerPort: 80, hostPort: {host_port}}}\n    volumeMounts:\n    - {{name: site, mountPath: /srv/site}}\n"
         ),
     );
     // exec: healthy until /tmp/healthy goes (after 2 s); httpGet: /healthz until it goes.

@@ -300,6 +300,24 @@ impl Stats {
     }
 }
 
+/// PullImage of `image`; returns the image reference the runtime gives.
+pub async fn pull(client: &CriClient, image: &str) -> anyhow::Result<String> {
+    Ok(client
+        .images()
+        .pull_image(cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(status_message)
+        .with_context(|| format!("pulling {image}"))?
+        .into_inner()
+        .image_ref)
+}
+
 pub async fn lifecycle(client: &CriClient, args: LifecycleArgs, json: bool) -> anyhow::Result<()> {
     if args.count == 0 {
         bail!("--count must be at least 1");
@@ -321,20 +339,7 @@ pub async fn lifecycle(client: &CriClient, args: LifecycleArgs, json: bool) -> a
         .context("Version")?
         .into_inner();
     let t = Instant::now();
-    let image_ref = client
-        .images()
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec {
-                image: args.image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .map_err(status_message)
-        .with_context(|| format!("pulling {}", args.image))?
-        .into_inner()
-        .image_ref;
+    let image_ref = pull(client, &args.image).await?;
     eprintln!(
         "{} {}: pulled {} ({image_ref}) in {} ms",
         version.runtime_name,

@@ -107,18 +107,7 @@ pub async fn exits(client: &CriClient, args: ExitsArgs, json: bool) -> anyhow::R
         .map_err(status_message)
         .context("GetContainerEvents")?
         .into_inner();
-    client
-        .images()
-        .pull_image(cri::PullImageRequest {
-            image: Some(cri::ImageSpec {
-                image: args.image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .map_err(status_message)
-        .with_context(|| format!("pulling {}", args.image))?;
+    crate::bench::pull(client, &args.image).await?;
     let host = cri::NamespaceOption {
         network: cri::NamespaceMode::Node as i32,
         pid: cri::NamespaceMode::Container as i32,
