@@ -308,10 +308,11 @@ impl Kubelet {
     }
 
     /// Starts (again) and waits until it is healthy and in its sync loop. The kubelet 1.20
-    /// dies at start when /proc/self/mountinfo changes under each of its three reads (other
-    /// tests mount and unmount meanwhile): then it is started again, up to three times.
+    /// dies at start when /proc/self/mountinfo or /proc/mounts changes under each of its three
+    /// reads (other tests mount and unmount meanwhile): then it is started again, up to three
+    /// times.
     pub fn spawn(&mut self) {
-        const MOUNTINFO_RACE: &str = "could not get consistent content of /proc/self/mountinfo";
+        const MOUNTINFO_RACE: &str = "could not get consistent content of /proc/";
         for attempt in 1..=3 {
             let from = self.log().len();
             self.child = Some(spawn_logged(&mut self.command(), &self.log_path()));
