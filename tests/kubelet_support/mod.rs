@@ -307,13 +307,15 @@ impl Kubelet {
         c
     }
 
-    /// Starts (again) and waits until it is healthy and in its sync loop. The kubelet 1.20
-    /// dies at start when /proc/self/mountinfo or /proc/mounts changes under each of its three
-    /// reads (other tests mount and unmount meanwhile): then it is started again, up to three
-    /// times.
+    /// Starts (again) and waits until it is healthy, in its sync loop and past the start of
+    /// its runtime-dependent parts (cAdvisor, container manager: its plugin manager starts
+    /// after them). The kubelet 1.20 dies at start when /proc/self/mountinfo or /proc/mounts
+    /// changes under each of its three reads (other tests mount and unmount meanwhile): then it
+    /// is started again, up to six times, a little later each time.
     pub fn spawn(&mut self) {
         const MOUNTINFO_RACE: &str = "could not get consistent content of /proc/";
-        for attempt in 1..=3 {
+        const ATTEMPTS: u32 = 6;
+        for attempt in 1..=ATTEMPTS {
             let from = self.log().len();
             self.child = Some(spawn_logged(&mut self.command(), &self.log_path()));
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -321,7 +323,10 @@ impl Kubelet {
             while Instant::now() < deadline {
                 let log = self.log();
                 let new = log.get(from..).unwrap_or_default();
-                if self.healthz() && new.contains("Starting kubelet main sync loop") {
+                if new.contains("Starting kubelet main sync loop")
+                    && new.contains("Starting Kubelet Plugin Manager")
+                    && self.healthz()
+                {
                     return;
                 }
                 if let Some(c) = self.child.as_mut()
@@ -333,8 +338,9 @@ impl Kubelet {
                 std::thread::sleep(Duration::from_millis(100));
             }
             match exited {
-                Some((_, true)) if attempt < 3 => {
+                Some((_, true)) if attempt < ATTEMPTS => {
                     eprintln!("kubelet: mountinfo changed under its start; starting it again");
+                    std::thread::sleep(Duration::from_millis(500 * u64::from(attempt)));
                 }
                 Some((status, _)) => {
                     panic!(
