@@ -18,7 +18,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let config = Arc::new(config);
     if config.agent.enabled && config.agent.fail_swap_on {
         let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-        if let Some(active) = crate::agent::swap::active_swap(&swaps) {
+        if let Some(active) = crate::agent::node::swap::active_swap(&swaps) {
             anyhow::bail!(
                 "swap is on ({active}) and agent.fail_swap_on is true: turn swap off (swapoff -a), \
                  set agent.fail_swap_on = false, or run with --no-agent"

@@ -159,8 +159,9 @@ fn prepare_for_shutdown_ends_pods_then_releases_the_inhibitor_lock() {
     let (bus, rt, a) = start("apply");
     // logind's 5 s were shorter than the 6 s grace period: berthd raised them with a drop-in
     // and a reload before taking the lock.
-    let drop_in = std::fs::read_to_string(bus.conf_dir().join(berth::agent::logind::DROP_IN))
-        .expect("berthd's logind drop-in");
+    let drop_in =
+        std::fs::read_to_string(bus.conf_dir().join(berth::agent::shutdown::logind::DROP_IN))
+            .expect("berthd's logind drop-in");
     assert!(
         drop_in.contains("[Login]\nInhibitDelayMaxSec=6\n"),
         "{drop_in}"

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use agent_support::*;
-use berth::agent::probe_grpc::{
+use berth::agent::probes::grpc::{
     CHECK_PATH, HealthCheckRequest, HealthCheckResponse, ServingStatus,
 };
 use common::{TempDir, tail};

@@ -344,7 +344,7 @@ impl AgentConfig {
                         RESERVABLE.join(", ")
                     ));
                 }
-                crate::agent::resources::parse_quantity(value).ok_or_else(|| {
+                crate::agent::runtime::resources::parse_quantity(value).ok_or_else(|| {
                     format!("{section}.{resource:?} = {value:?} is not a quantity")
                 })?;
             }
@@ -390,7 +390,7 @@ pub fn threshold_value(text: &str) -> Result<ThresholdValue, String> {
         }
         return Ok(ThresholdValue::Percent(v));
     }
-    let q = crate::agent::resources::parse_quantity(t)
+    let q = crate::agent::runtime::resources::parse_quantity(t)
         .ok_or_else(|| format!("{text:?} is not a quantity or a percentage"))?;
     Ok(ThresholdValue::Quantity(q.max(0.0) as u64))
 }

@@ -3,49 +3,27 @@
 //! It talks to the runtime only through the CRI API over a socket (berthd's own by default), so
 //! it could drive any CRI runtime, and berthd works the same with it off (`--no-agent`).
 
-pub mod backoff;
 pub mod config;
-pub mod container_config;
-pub mod dbus;
-pub mod downward;
 pub mod eviction;
-pub mod eviction_local;
-pub mod eviction_policy;
-pub mod eviction_signals;
 pub mod gc;
-pub mod gc_containers;
-pub mod gc_images;
-pub mod hooks;
-pub mod labels;
-pub mod logind;
-pub mod manifest;
 pub mod node;
-pub mod probe;
-pub mod probe_grpc;
-pub mod probe_http;
-pub mod registry;
-pub mod relist;
-pub mod resources;
-pub mod sandbox_config;
+pub mod pods;
+pub mod probes;
+pub mod runtime;
 pub mod server;
 pub mod shutdown;
 pub mod sources;
-pub mod status;
-pub mod swap;
-pub mod terminate;
 pub mod volumes;
-pub mod watch;
-pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::CriClient;
-use backoff::BackoffPolicy;
 use config::AgentConfig;
-use node::NodeIdentity;
-use registry::PodRegistry;
+use node::status::NodeIdentity;
+use pods::backoff::BackoffPolicy;
+use pods::registry::PodRegistry;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +60,11 @@ pub struct AgentContext {
     /// Pods and manifest errors, for the status endpoint.
     pub pods: PodRegistry,
     /// The shared relist of sandboxes and containers.
-    pub relist: Arc<relist::Relist>,
+    pub relist: Arc<runtime::relist::Relist>,
     /// Pods to end before their manifest does (eviction, node shutdown).
-    pub terminations: terminate::Terminations,
+    pub terminations: pods::terminate::Terminations,
     /// The node's pressure conditions, for admission.
-    pub pressure: terminate::Pressure,
+    pub pressure: pods::terminate::Pressure,
     /// The effective agent configuration.
     pub config: Arc<AgentConfig>,
     /// The eviction manager's latest observations and evictions.
@@ -94,7 +72,7 @@ pub struct AgentContext {
     /// Garbage collection counters.
     pub gc: gc::Counters,
     /// The node's swap and the configured swap behaviour (for container configs).
-    pub swap: resources::NodeSwap,
+    pub swap: runtime::resources::NodeSwap,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -147,7 +125,7 @@ pub async fn start(
         config: Arc::new(cfg.clone()),
         eviction: Default::default(),
         gc: Default::default(),
-        swap: resources::detect_node_swap(resources::SwapBehavior::from_name(
+        swap: runtime::resources::detect_node_swap(runtime::resources::SwapBehavior::from_name(
             &cfg.memory_swap_behavior,
         )),
     });
@@ -155,7 +133,7 @@ pub async fn start(
         ctx.client.clone(),
         Duration::from_millis(cfg.sync_period_ms),
     ));
-    let node_status = node::NodeStatus::new(ctx.clone(), cfg, state_dir, root);
+    let node_status = node::status::NodeStatus::new(ctx.clone(), cfg, state_dir, root);
     let listener = tokio::net::TcpListener::bind(&cfg.address)
         .await
         .map_err(|error| AgentError::Listen {
@@ -195,7 +173,7 @@ pub async fn start(
                 .map(|g| g.grace_secs.max(0) as u64)
                 .sum(),
         );
-        logind::spawn(
+        shutdown::logind::spawn(
             shutdown_manager,
             grace,
             cfg.logind_config_dir.clone(),
@@ -206,7 +184,7 @@ pub async fn start(
     tokio::spawn(node_status.run());
     tokio::spawn(eviction::run(ctx.clone()));
     tokio::spawn(gc::run(ctx.clone()));
-    tokio::spawn(sources::run(
+    tokio::spawn(sources::files::run(
         ctx,
         cfg.manifest_dir.clone(),
         Duration::from_millis(cfg.manifest_rescan_ms),

@@ -13,9 +13,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::AgentContext;
-use super::node::NodeStatus;
-use super::shutdown::{ShutdownError, ShutdownManager};
+use crate::agent::AgentContext;
+use crate::agent::node::status::NodeStatus;
+use crate::agent::shutdown::{ShutdownError, ShutdownManager};
 
 /// What the endpoint serves from.
 pub struct Endpoint {
@@ -166,7 +166,7 @@ fn route(req: &Request<Incoming>, ctx: &AgentContext, node: &NodeStatus) -> Resp
             ),
         },
         ["node", "reports"] => json(StatusCode::OK, &node.counters()),
-        ["gc"] => json(StatusCode::OK, &super::gc::counters(&ctx.gc)),
+        ["gc"] => json(StatusCode::OK, &crate::agent::gc::counters(&ctx.gc)),
         ["configz"] => json(
             StatusCode::OK,
             &serde_json::json!({ "agent": &*ctx.config }),

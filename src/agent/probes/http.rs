@@ -11,7 +11,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::probe::authority;
+use super::authority;
 
 /// Redirects followed before the probe fails (Go's HTTP client's limit, which the kubelet's
 /// probes use).

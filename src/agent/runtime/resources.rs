@@ -35,7 +35,7 @@ pub fn parse_quantity(q: &str) -> Option<f64> {
 }
 
 /// The quantity `key` of a requests or limits map, parsed (None when absent or malformed).
-pub(super) fn get(map: &Option<BTreeMap<String, Quantity>>, key: &str) -> Option<f64> {
+pub(crate) fn get(map: &Option<BTreeMap<String, Quantity>>, key: &str) -> Option<f64> {
     map.as_ref()?.get(key).and_then(|q| parse_quantity(&q.0))
 }
 

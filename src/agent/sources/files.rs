@@ -10,8 +10,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::manifest::{self, DesiredPod, PodKey};
-use super::worker::PodWorker;
-use super::{AgentContext, labels};
+use crate::agent::AgentContext;
+use crate::agent::pods::worker::PodWorker;
+use crate::agent::runtime::labels;
 
 struct Running {
     uid: String,
@@ -195,7 +196,7 @@ async fn remove_orphans(ctx: &AgentContext, desired: &BTreeMap<PodKey, DesiredPo
         // Its volumes too (a Memory emptyDir's tmpfs stays mounted otherwise), as a worker does
         // when its pod goes; only for a uid that names one directory under pods_dir.
         if is_plain_name(uid) {
-            super::volumes::cleanup(&ctx.pods_dir.join(uid));
+            crate::agent::volumes::cleanup(&ctx.pods_dir.join(uid));
         }
     }
 }

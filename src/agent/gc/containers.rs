@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
-use super::gc::{add, micros_since};
-use super::{AgentContext, labels};
+use super::{add, micros_since};
+use crate::agent::AgentContext;
+use crate::agent::runtime::labels;
 
 /// The container GC settings.
 #[derive(Debug, Clone, Copy)]
@@ -209,7 +210,7 @@ async fn agent_sandboxes(ctx: &AgentContext) -> Result<Vec<cri::PodSandbox>, ton
         .items)
 }
 
-pub(super) async fn all_containers(
+pub(crate) async fn all_containers(
     ctx: &AgentContext,
 ) -> Result<Vec<cri::Container>, tonic::Status> {
     Ok(ctx
@@ -231,7 +232,7 @@ fn sandbox_uid(s: &cri::PodSandbox) -> String {
 }
 
 /// One container GC pass, then sandbox GC; errors are logged.
-pub(super) async fn container_pass(ctx: &AgentContext) {
+pub(crate) async fn container_pass(ctx: &AgentContext) {
     let started = Instant::now();
     let (sandboxes, containers) = match tokio::try_join!(agent_sandboxes(ctx), all_containers(ctx))
     {

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::config::{AgentConfig, ThresholdValue, threshold_value};
-use super::eviction_signals::{Condition, Observation, Observed, PodUsage, Signal};
-use super::terminate;
+use super::signals::{Condition, Observation, Observed, PodUsage, Signal};
+use crate::agent::config::{AgentConfig, ThresholdValue, threshold_value};
+use crate::agent::pods::terminate;
 
 /// Grace period of a pod evicted for a hard threshold (the kubelet's
 /// immediateEvictionGracePeriodSeconds).
@@ -149,7 +149,7 @@ pub fn to_reclaim<'a>(thresholds: &'a [Threshold], actionable: &[usize]) -> Opti
 /// A request of a container for `resource` (bytes), defaulting to its limit as the API server
 /// does; 0 when none.
 fn container_request(c: &k8s_openapi::api::core::v1::Container, resource: &str) -> u64 {
-    use super::resources::get;
+    use crate::agent::runtime::resources::get;
     c.resources
         .as_ref()
         .and_then(|r| get(&r.requests, resource).or_else(|| get(&r.limits, resource)))
@@ -342,7 +342,7 @@ mod tests {
         };
         u.containers.insert(
             "main".into(),
-            crate::agent::eviction_signals::ContainerUsage {
+            crate::agent::eviction::signals::ContainerUsage {
                 memory: Some(memory),
                 rootfs: 0,
                 logs: disk,

@@ -3,8 +3,10 @@
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
-use super::downward::{self, NodeAllocatable};
-use super::{labels, resources, terminate};
+use super::labels;
+use super::resources;
+use crate::agent::pods::terminate;
+use crate::agent::volumes::downward::{self, NodeAllocatable};
 
 /// What a container config needs beyond the pod and the container.
 pub struct ContainerContext<'a> {

@@ -16,10 +16,12 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::AgentContext;
-use super::config::AgentConfig;
-use super::status;
-use super::{eviction, eviction_policy, eviction_signals};
+use crate::agent::AgentContext;
+use crate::agent::config::AgentConfig;
+use crate::agent::eviction;
+use crate::agent::eviction::policy as eviction_policy;
+use crate::agent::eviction::signals as eviction_signals;
+use crate::agent::pods::status;
 
 /// Who this node is.
 #[derive(Debug, Clone)]
@@ -47,7 +49,8 @@ impl NodeIdentity {
                 .unwrap_or_else(|| hostname.to_lowercase()),
             hostname,
             internal_ip: internal_ip().unwrap_or_default(),
-            memory_bytes: super::resources::proc_meminfo_bytes("MemTotal").unwrap_or(0),
+            memory_bytes: crate::agent::runtime::resources::proc_meminfo_bytes("MemTotal")
+                .unwrap_or(0),
         }
     }
 }
@@ -497,7 +500,7 @@ fn reserved(cfg: &AgentConfig, resource: &str) -> f64 {
     [&cfg.system_reserved, &cfg.kube_reserved]
         .iter()
         .filter_map(|m| m.get(resource))
-        .filter_map(|q| super::resources::parse_quantity(q))
+        .filter_map(|q| crate::agent::runtime::resources::parse_quantity(q))
         .sum()
 }
 
@@ -505,7 +508,7 @@ fn reserved(cfg: &AgentConfig, resource: &str) -> f64 {
 fn hard_threshold(cfg: &AgentConfig, signal: &str, capacity: u64) -> u64 {
     cfg.eviction_hard
         .get(signal)
-        .and_then(|v| super::config::threshold_value(v).ok())
+        .and_then(|v| crate::agent::config::threshold_value(v).ok())
         .map_or(0, |v| v.amount(capacity))
 }
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
-use super::AgentContext;
-use super::gc::{add, micros_since};
-use super::gc_containers::all_containers;
+use super::containers::all_containers;
+use super::{add, micros_since};
+use crate::agent::AgentContext;
 
 /// Bytes to free so usage falls to `low` percent of `capacity`, once usage (the filesystem's,
 /// from its free space, as the kubelet computes it) reached `high` percent; else 0.
@@ -129,7 +129,7 @@ pub fn images_in_use(images: &[cri::Image], containers: &[cri::Container]) -> Ha
 }
 
 /// The image filesystem's mount point, from CRI ImageFsInfo.
-pub(super) async fn image_fs_mountpoint(ctx: &AgentContext) -> Result<String, String> {
+pub(crate) async fn image_fs_mountpoint(ctx: &AgentContext) -> Result<String, String> {
     let info = ctx
         .client
         .images()
@@ -156,7 +156,7 @@ async fn list_images(ctx: &AgentContext) -> Result<Vec<cri::Image>, String> {
 }
 
 /// One image GC pass: detect images, then free space if the image filesystem is too full.
-pub(super) async fn image_pass(ctx: &AgentContext) {
+pub(crate) async fn image_pass(ctx: &AgentContext) {
     let started = Instant::now();
     if let Err(e) = image_pass_inner(ctx).await {
         tracing::warn!(error = %e, "image GC pass failed");
@@ -169,7 +169,7 @@ pub(super) async fn image_pass(ctx: &AgentContext) {
 
 /// Lists images and the containers' use of them, records that in the tracker, and returns the
 /// images that may go now (oldest unused first).
-pub(super) async fn detect_images(ctx: &AgentContext) -> Result<Vec<ImageCandidate>, String> {
+pub(crate) async fn detect_images(ctx: &AgentContext) -> Result<Vec<ImageCandidate>, String> {
     let images = list_images(ctx).await?;
     let containers = all_containers(ctx)
         .await
@@ -189,7 +189,7 @@ pub(super) async fn detect_images(ctx: &AgentContext) -> Result<Vec<ImageCandida
 async fn image_pass_inner(ctx: &AgentContext) -> Result<(), String> {
     let candidates = detect_images(ctx).await?;
     let mountpoint = image_fs_mountpoint(ctx).await?;
-    let space = super::eviction_signals::fs_stats(std::path::Path::new(&mountpoint))
+    let space = crate::agent::eviction::signals::fs_stats(std::path::Path::new(&mountpoint))
         .ok_or_else(|| format!("statvfs of the image filesystem {mountpoint} failed"))?
         .bytes;
     let (capacity, available) = (space.capacity, space.available);
@@ -224,7 +224,7 @@ async fn image_pass_inner(ctx: &AgentContext) -> Result<(), String> {
 }
 
 /// Removes candidates in order until `amount` bytes are freed; returns the bytes freed.
-pub(super) async fn remove_images(
+pub(crate) async fn remove_images(
     ctx: &AgentContext,
     candidates: Vec<ImageCandidate>,
     amount: u64,

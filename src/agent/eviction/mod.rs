@@ -1,6 +1,10 @@
 //! The eviction manager: watches the node's eviction signals against hard and soft thresholds,
 //! sets the pressure conditions and evicts pods in the kubelet's order.
 
+pub mod local;
+pub mod policy;
+pub mod signals;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -8,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::AgentContext;
-use super::eviction_local as local;
-use super::eviction_policy::{
+use crate::agent::AgentContext;
+
+use crate::agent::pods::terminate::{self, Termination};
+use policy::{
     Candidate, Threshold, Tracker, Verdict, grace_secs, message, rank, thresholds, to_reclaim,
 };
-use super::eviction_signals::{self as signals, Condition, Observation, Observed};
-use super::terminate::{self, Termination};
+use signals::{Condition, Observation, Observed};
 
 /// How long the manager waits for an evicted pod to end (the kubelet's podCleanupTimeout).
 const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -136,7 +140,7 @@ struct Manager {
 impl Manager {
     /// Where the signals are read now (the imagefs mountpoint asked from the runtime).
     async fn sources(&self) -> signals::Sources {
-        let imagefs = match super::gc_images::image_fs_mountpoint(&self.ctx).await {
+        let imagefs = match crate::agent::gc::images::image_fs_mountpoint(&self.ctx).await {
             Ok(m) => Some(std::path::PathBuf::from(m)),
             Err(e) => {
                 tracing::debug!(error = %e, "eviction: no image filesystem from CRI; no imagefs signals");
@@ -231,7 +235,9 @@ impl Manager {
         }
         let t = to_reclaim(&self.thresholds, &v.actionable)?.clone();
         let mut obs = observed.signals.get(&t.signal).copied()?;
-        if t.signal.condition() == Condition::Disk && super::gc::reclaim_disk(&self.ctx).await > 0 {
+        if t.signal.condition() == Condition::Disk
+            && crate::agent::gc::reclaim_disk(&self.ctx).await > 0
+        {
             // Freed without evicting anyone: look again before choosing a victim.
             let again = self.observe().await;
             match again.signals.get(&t.signal).copied() {
@@ -334,7 +340,7 @@ impl Manager {
 }
 
 /// `namespace/name` of a pod, as logs and reports name it.
-pub(super) fn pod_ref(p: &Pod) -> String {
+pub(crate) fn pod_ref(p: &Pod) -> String {
     format!(
         "{}/{}",
         p.metadata.namespace.as_deref().unwrap_or("default"),

@@ -1,12 +1,15 @@
 //! Garbage collection (the kubelet's rules): the loop, its counters and the node-level reclaim
-//! before disk-pressure evictions; containers and sandboxes in `gc_containers`, images in
-//! `gc_images`.
+//! before disk-pressure evictions; containers and sandboxes in `containers`, images in
+//! `images`.
+
+pub mod containers;
+pub mod images;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AgentContext, gc_containers, gc_images};
+use crate::agent::AgentContext;
 
 /// What GC has done since berthd started (for the status endpoint and tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -34,15 +37,15 @@ pub struct GcCounters {
 pub struct Counters {
     /// When each image was first seen and last used (shared by image GC passes and the
     /// eviction manager's reclaim).
-    pub(super) images: std::sync::Mutex<gc_images::ImageTracker>,
-    pub(super) container_passes: AtomicU64,
-    pub(super) containers_removed: AtomicU64,
-    pub(super) sandboxes_removed: AtomicU64,
-    pub(super) image_passes: AtomicU64,
-    pub(super) images_removed: AtomicU64,
-    pub(super) image_bytes_freed: AtomicU64,
-    pub(super) last_container_pass_micros: AtomicU64,
-    pub(super) last_image_pass_micros: AtomicU64,
+    pub(crate) images: std::sync::Mutex<images::ImageTracker>,
+    pub(crate) container_passes: AtomicU64,
+    pub(crate) containers_removed: AtomicU64,
+    pub(crate) sandboxes_removed: AtomicU64,
+    pub(crate) image_passes: AtomicU64,
+    pub(crate) images_removed: AtomicU64,
+    pub(crate) image_bytes_freed: AtomicU64,
+    pub(crate) last_container_pass_micros: AtomicU64,
+    pub(crate) last_image_pass_micros: AtomicU64,
 }
 
 /// The GC counters so far.
@@ -60,11 +63,11 @@ pub fn counters(c: &Counters) -> GcCounters {
     }
 }
 
-pub(super) fn add(counter: &AtomicU64, n: u64) {
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-pub(super) fn micros_since(start: Instant) -> u64 {
+pub(crate) fn micros_since(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -79,11 +82,11 @@ pub async fn run(ctx: Arc<AgentContext>) {
     loop {
         tokio::time::sleep_until(next_container.min(next_image)).await;
         if tokio::time::Instant::now() >= next_container {
-            gc_containers::container_pass(&ctx).await;
+            containers::container_pass(&ctx).await;
             next_container = tokio::time::Instant::now() + container_period;
         }
         if tokio::time::Instant::now() >= next_image {
-            gc_images::image_pass(&ctx).await;
+            images::image_pass(&ctx).await;
             next_image = tokio::time::Instant::now() + image_period;
         }
     }
@@ -93,10 +96,10 @@ pub async fn run(ctx: Arc<AgentContext>) {
 /// GC pass, then every unused image old enough (whatever the image GC thresholds say).
 /// Returns the image bytes freed.
 pub async fn reclaim_disk(ctx: &AgentContext) -> u64 {
-    gc_containers::container_pass(ctx).await;
-    match gc_images::detect_images(ctx).await {
+    containers::container_pass(ctx).await;
+    match images::detect_images(ctx).await {
         Ok(candidates) if !candidates.is_empty() => {
-            let freed = gc_images::remove_images(ctx, candidates, u64::MAX).await;
+            let freed = images::remove_images(ctx, candidates, u64::MAX).await;
             tracing::info!(
                 freed,
                 "disk pressure: removed unused images before evicting pods"

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{LifecycleHandler, Probe};
 
-use super::probe::{self, ProbeTarget};
+use crate::agent::probes::{self as probe, ProbeTarget};
 
 /// Runs `handler` against the container in `target`, giving up after `budget`.
 pub async fn run(

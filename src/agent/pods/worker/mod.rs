@@ -15,13 +15,14 @@ mod publish;
 mod stop;
 
 use super::backoff::Backoff;
-use super::container_config::{ContainerContext, container_config};
-use super::manifest::DesiredPod;
-use super::probe::{self, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
-use super::sandbox_config::{log_directory, sandbox_config};
 use super::status::{self, is_exited, is_running};
-use super::volumes::PreparedVolumes;
-use super::{AgentContext, labels};
+use crate::agent::AgentContext;
+use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
+use crate::agent::runtime::container_config::{ContainerContext, container_config};
+use crate::agent::runtime::labels;
+use crate::agent::runtime::sandbox_config::{log_directory, sandbox_config};
+use crate::agent::sources::manifest::DesiredPod;
+use crate::agent::volumes::PreparedVolumes;
 
 /// Probes of one running container instance.
 struct Probes {
@@ -243,7 +244,7 @@ impl PodWorker {
         tracing::info!(pod = %pod, "terminating pod");
         self.terminate().await;
         self.ctx.terminations.forget(&self.desired.uid);
-        super::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
+        crate::agent::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
         // The pod is gone for good: so are its logs (the kubelet removes them too).
         let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
         if let Err(e) = std::fs::remove_dir_all(&dir)
@@ -251,7 +252,9 @@ impl PodWorker {
         {
             tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's log directory");
         }
-        self.ctx.pods.remove(&super::manifest::key_of(self.pod()));
+        self.ctx
+            .pods
+            .remove(&crate::agent::sources::manifest::key_of(self.pod()));
         tracing::info!(pod = %pod, "pod removed");
     }
 
@@ -416,7 +419,7 @@ impl PodWorker {
             return Ok(());
         }
         if !self.admitted {
-            let qos = super::resources::qos_class(&self.spec());
+            let qos = crate::agent::runtime::resources::qos_class(&self.spec());
             let critical = super::terminate::is_critical(self.pod());
             if let Some(why) = self.ctx.pressure.refusal(qos, critical) {
                 tracing::warn!(pod = %self.pod_ref(), reason = %why, "pod not admitted");
@@ -604,7 +607,7 @@ impl PodWorker {
         let Some((sandbox, _)) = self.sandbox.clone() else {
             return;
         };
-        let qos = super::resources::qos_class(&self.spec());
+        let qos = crate::agent::runtime::resources::qos_class(&self.spec());
         let host_ip = self.ctx.node.internal_ip.clone();
         let pod_ip = if self.host_network() {
             host_ip.clone()
@@ -631,7 +634,7 @@ impl PodWorker {
         };
         let mounts = self
             .prepared_volumes()
-            .and_then(|paths| super::volumes::mounts(c, paths));
+            .and_then(|paths| crate::agent::volumes::mounts(c, paths));
         match mounts {
             Ok(m) => config.mounts = m,
             Err(e) => {
@@ -722,7 +725,7 @@ impl PodWorker {
             Some(v) => v,
             None => {
                 let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
-                super::volumes::prepare(self.pod(), &pod_dir)?
+                crate::agent::volumes::prepare(self.pod(), &pod_dir)?
             }
         };
         Ok(self.volumes.insert(prepared))

@@ -8,7 +8,7 @@ use std::path::{Component, Path};
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, Pod, ResourceFieldSelector};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::resources::parse_quantity;
+use crate::agent::runtime::resources::parse_quantity;
 
 /// Mode of downward API files when neither the item nor the volume sets one (the API default).
 pub const DEFAULT_FILE_MODE: i32 = 0o644;
@@ -54,7 +54,7 @@ impl NodeAllocatable {
 
 /// `MemTotal` of `/proc/meminfo` in bytes.
 fn total_memory_bytes() -> Option<f64> {
-    super::resources::proc_meminfo_bytes("MemTotal").map(|b| b as f64)
+    crate::agent::runtime::resources::proc_meminfo_bytes("MemTotal").map(|b| b as f64)
 }
 
 /// A `metadata.*` field of the pod: name, namespace, uid, all labels or annotations (one

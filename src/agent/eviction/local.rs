@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::eviction_signals::PodUsage;
-use super::resources::parse_quantity;
+use super::signals::PodUsage;
+use crate::agent::runtime::resources::parse_quantity;
 
 /// A limit a pod broke, and the kubelet's message for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +73,8 @@ pub fn empty_dir_usage(pod: &Pod, pod_dir: &std::path::Path) -> HashMap<String, 
     disk_empty_dir_limits(pod)
         .into_iter()
         .map(|(name, _, _)| {
-            let bytes = crate::util::disk_usage(&super::volumes::empty_dir_path(pod_dir, &name)).0;
+            let bytes =
+                crate::util::disk_usage(&crate::agent::volumes::empty_dir_path(pod_dir, &name)).0;
             (name, bytes)
         })
         .collect()
@@ -105,7 +106,7 @@ pub fn exceeded(
         if used > limit {
             return found(format!(
                 "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
-                super::eviction_policy::format_bytes(limit)
+                super::policy::format_bytes(limit)
             ));
         }
     }
@@ -128,7 +129,7 @@ pub fn exceeded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::eviction_signals::ContainerUsage;
+    use crate::agent::eviction::signals::ContainerUsage;
 
     fn pod(extra: serde_json::Value) -> Pod {
         let mut v = serde_json::json!({

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use tonic::transport::Endpoint;
 
-use super::probe::authority;
+use super::authority;
 
 /// The full method name of the standard health check.
 pub const CHECK_PATH: &str = "/grpc.health.v1.Health/Check";

@@ -3,8 +3,8 @@
 use k8s_openapi::api::core::v1::{Container, HostIP, PodCondition, PodIP, PodStatus};
 
 use super::PodWorker;
-use crate::agent::probe::{ProbeHandle, ProbeResult};
-use crate::agent::status::{self, ContainerView, PhaseInput, is_exited};
+use crate::agent::pods::status::{self, ContainerView, PhaseInput, is_exited};
+use crate::agent::probes::{ProbeHandle, ProbeResult};
 
 impl PodWorker {
     /// Readiness and startup verdicts of the running instance of `c`: a container with a probe
@@ -162,7 +162,7 @@ impl PodWorker {
             }),
             pod_ip: (!pod_ip.is_empty()).then(|| pod_ip.clone()),
             pod_ips: (!pod_ip.is_empty()).then(|| vec![PodIP { ip: pod_ip.clone() }]),
-            qos_class: Some(crate::agent::resources::qos_class(&spec).to_string()),
+            qos_class: Some(crate::agent::runtime::resources::qos_class(&spec).to_string()),
             start_time: Some(self.start_time.clone()),
             message: match &self.ended {
                 Some((_, m)) => Some(m.clone()),
@@ -173,6 +173,6 @@ impl PodWorker {
         });
         self.ctx
             .pods
-            .insert(crate::agent::manifest::key_of(self.pod()), pod);
+            .insert(crate::agent::sources::manifest::key_of(self.pod()), pod);
     }
 }

@@ -1,6 +1,9 @@
 //! Graceful node shutdown: when the node is going down, ends regular pods first and critical
 //! (or higher-priority) pods last, each group within its share of the shutdown grace period.
 
+pub mod dbus;
+pub mod logind;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -9,9 +12,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::AgentContext;
-use super::config::AgentConfig;
-use super::terminate::{self, Termination};
+use crate::agent::AgentContext;
+use crate::agent::config::AgentConfig;
+use crate::agent::pods::terminate::{self, Termination};
 
 /// The pod status reason of pods ended by a node shutdown.
 pub const REASON: &str = "Terminated";
@@ -233,7 +236,7 @@ impl ShutdownManager {
                     grace_secs: Some(own.clamp(0, group.grace_secs)),
                 },
             );
-            names.push(super::eviction::pod_ref(pod));
+            names.push(crate::agent::eviction::pod_ref(pod));
             uids.push(uid);
         }
         if !names.is_empty() {

@@ -6,7 +6,7 @@ use std::sync::RwLock;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::manifest::PodKey;
+use crate::agent::sources::manifest::PodKey;
 
 /// Published pods by `namespace/name`, and the manifest files refused with why.
 #[derive(Default)]

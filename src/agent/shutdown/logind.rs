@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::dbus::{Connection, DbusError, Value, system_bus_address};
-use super::shutdown::{ShutdownError, ShutdownManager};
+use super::{ShutdownError, ShutdownManager};
 
 const LOGIND: &str = "org.freedesktop.login1";
 const LOGIND_PATH: &str = "/org/freedesktop/login1";

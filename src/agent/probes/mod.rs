@@ -1,5 +1,8 @@
-//! Container probes (startup, liveness, readiness): exec, tcpSocket, httpGet (`probe_http`)
+//! Container probes (startup, liveness, readiness): exec, tcpSocket, httpGet (`http`)
 //! and gRPC, each in its own task with the probe's delay, period, timeout and thresholds.
+
+pub mod grpc;
+pub mod http;
 
 use std::time::Duration;
 
@@ -188,13 +191,13 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
     if let Some(http) = &probe.http_get {
         let port = resolve_port(&http.port, &t.container)?;
         let host = target_host(http.host.as_ref(), t)?;
-        return super::probe_http::check(http, &host, port, timeout).await;
+        return http::check(http, &host, port, timeout).await;
     }
     if let Some(grpc) = &probe.grpc {
         let port = u16::try_from(grpc.port).map_err(|_| format!("invalid port {}", grpc.port))?;
         let host = target_host(None, t)?;
         let service = grpc.service.as_deref().unwrap_or("");
-        return super::probe_grpc::check(&host, port, service, timeout).await;
+        return grpc::check(&host, port, service, timeout).await;
     }
     Err("probe has no handler".into())
 }

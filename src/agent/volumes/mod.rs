@@ -3,6 +3,8 @@
 //! downwardAPI (and projected volumes of downwardAPI sources: files written under the pod's
 //! directory, mounted read-only), and the CRI mounts of each container's volumeMounts.
 
+pub mod downward;
+
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -13,8 +15,8 @@ use k8s_openapi::api::core::v1::{
     VolumeProjection,
 };
 
-use super::downward::{self, NodeAllocatable};
-use super::resources::parse_quantity;
+use crate::agent::runtime::resources::parse_quantity;
+use downward::NodeAllocatable;
 
 /// Volume kinds the agent supports (others are refused when the manifest is read).
 pub fn check_supported(v: &Volume) -> Result<(), String> {

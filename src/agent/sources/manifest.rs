@@ -232,7 +232,7 @@ fn to_pod(file: &Path, v: serde_json::Value) -> Result<DesiredPod, ManifestError
     }
     let mut volume_names = std::collections::HashSet::new();
     for v in spec.volumes.iter().flatten() {
-        super::volumes::check_supported(v).map_err(ManifestError::Invalid)?;
+        crate::agent::volumes::check_supported(v).map_err(ManifestError::Invalid)?;
         if !volume_names.insert(v.name.as_str()) {
             return Err(ManifestError::Invalid(format!(
                 "volume name {:?} is used twice",

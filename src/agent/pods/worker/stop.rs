@@ -7,7 +7,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
 use super::PodWorker;
-use crate::agent::downward::find_container;
+use crate::agent::volumes::downward::find_container;
 
 impl PodWorker {
     /// Runs the container's preStop hook (if any) within `grace` seconds, then stops it with
@@ -18,7 +18,7 @@ impl PodWorker {
             && let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
         {
             let budget = Duration::from_secs(grace.max(0) as u64);
-            if let Err(e) = crate::agent::hooks::run(h, &self.target(c, id), budget).await {
+            if let Err(e) = crate::agent::pods::hooks::run(h, &self.target(c, id), budget).await {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "preStop hook failed");
             }
         }

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::AgentContext;
-use super::labels;
+use crate::agent::AgentContext;
+use crate::agent::runtime::labels;
 
 /// An eviction signal, in the order the kubelet reclaims them (memory first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -251,7 +251,7 @@ fn memory(capacity: u64) -> Option<Observation> {
         });
     }
     Some(Observation {
-        available: super::resources::proc_meminfo_bytes("MemAvailable")?,
+        available: crate::agent::runtime::resources::proc_meminfo_bytes("MemAvailable")?,
         capacity,
     })
 }
@@ -336,7 +336,7 @@ pub async fn pod_usage(ctx: &AgentContext, pods: &[Pod]) -> HashMap<String, PodU
         .iter()
         .filter_map(|p| {
             let uid = p.metadata.uid.clone()?;
-            let logs = super::sandbox_config::log_directory(&ctx.pod_log_dir, p);
+            let logs = crate::agent::runtime::sandbox_config::log_directory(&ctx.pod_log_dir, p);
             Some((uid.clone(), logs, ctx.pods_dir.join(&uid)))
         })
         .filter(|(uid, _, _)| out.contains_key(uid))
@@ -433,7 +433,7 @@ mod tests {
     fn signal_names_round_trip_and_match_the_config() {
         for s in Signal::ALL {
             assert_eq!(Signal::parse(s.name()), Some(s));
-            assert!(super::super::config::EVICTION_SIGNALS.contains(&s.name()));
+            assert!(crate::agent::config::EVICTION_SIGNALS.contains(&s.name()));
         }
         assert_eq!(Signal::NodeFsInodesFree.resource(), "inodes");
         assert_eq!(Signal::ImageFsAvailable.condition(), Condition::Disk);

@@ -1,0 +1,4 @@
+//! The node: its status (conditions, capacity, allocatable, info) and its swap.
+
+pub mod status;
+pub mod swap;

@@ -1,0 +1,7 @@
+//! The agent and the CRI runtime: the configs it sends, the labels it sets, the relist it reads.
+
+pub mod container_config;
+pub mod labels;
+pub mod relist;
+pub mod resources;
+pub mod sandbox_config;

@@ -1,0 +1,5 @@
+//! Where pods come from: manifest files (static pods), watched for changes.
+
+pub mod files;
+pub mod manifest;
+pub mod watch;
