@@ -25,6 +25,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             );
         }
     }
+    if config.agent.enabled
+        && let Some(kubeconfig) = &config.agent.kubeconfig
+    {
+        // A node that cannot authenticate is refused at once, not found out later in a log.
+        crate::agent::cluster::kubeconfig::load(kubeconfig).await?;
+    }
     let lock = cri::server::lock_root(&config.root)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;

@@ -39,6 +39,16 @@ pub struct AgentConfig {
     pub node_lease_duration_secs: f64,
     /// Node name (default: the host name, lower-cased).
     pub node_name: Option<String>,
+    /// Kubeconfig of the API server to join as a node (none: pods from files only).
+    pub kubeconfig: Option<PathBuf>,
+    /// Labels the agent puts on its Node besides the kubelet's own.
+    pub node_labels: BTreeMap<String, String>,
+    /// Taints the Node is registered with, as `key=value:Effect` or `key:Effect`.
+    pub register_with_taints: Vec<String>,
+    /// The node's address (default: the source address of the default route).
+    pub node_ip: Option<String>,
+    /// Whether the agent creates its Node (false: an admin made it; the agent adopts it).
+    pub register_node: bool,
     /// Resources kept for the system (`cpu`, `memory`, `ephemeral-storage`, `pid`), as quantities.
     pub system_reserved: BTreeMap<String, String>,
     /// Resources kept for the node's Kubernetes daemons (same keys).
@@ -138,6 +148,32 @@ fn bounded_secs(name: &str, secs: f64) -> Result<(), String> {
     }
 }
 
+/// A taint as `--register-with-taints` gives it: `key=value:Effect` or `key:Effect`, with the
+/// effect one of NoSchedule, PreferNoSchedule, NoExecute.
+pub fn parse_taint(text: &str) -> Result<k8s_openapi::api::core::v1::Taint, String> {
+    let (kv, effect) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("taint {text:?} has no effect (key=value:Effect)"))?;
+    if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
+        return Err(format!(
+            "taint {text:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return Err(format!("taint {text:?} has an empty key"));
+    }
+    Ok(k8s_openapi::api::core::v1::Taint {
+        key: key.to_string(),
+        value,
+        effect: effect.to_string(),
+        time_added: None,
+    })
+}
+
 /// Resources that may be reserved.
 const RESERVABLE: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pid"];
 
@@ -159,6 +195,11 @@ impl Default for AgentConfig {
             node_lease_duration_secs: 40.0,
             cgroup_root: "/kubepods".to_string(),
             node_name: None,
+            kubeconfig: None,
+            node_labels: BTreeMap::new(),
+            register_with_taints: Vec::new(),
+            node_ip: None,
+            register_node: true,
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             eviction_hard: default_eviction_hard(),
@@ -216,6 +257,19 @@ impl AgentConfig {
                 return Err(format!("{name} must be a positive number of seconds"));
             }
             bounded_secs(name, v)?;
+        }
+        for t in &self.register_with_taints {
+            parse_taint(t).map_err(|e| format!("agent.register_with_taints: {e}"))?;
+        }
+        if let Some(ip) = &self.node_ip
+            && ip.parse::<std::net::IpAddr>().is_err()
+        {
+            return Err(format!("agent.node_ip {ip:?} is not an IP address"));
+        }
+        for k in self.node_labels.keys() {
+            if k.is_empty() || k.len() > 316 || k.contains(char::is_whitespace) {
+                return Err(format!("agent.node_labels: {k:?} is not a label key"));
+            }
         }
         if !self.cgroup_root.starts_with('/') || self.cgroup_root.contains("..") {
             return Err(format!(

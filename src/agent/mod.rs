@@ -3,6 +3,7 @@
 //! It talks to the runtime only through the CRI API over a socket (berthd's own by default), so
 //! it could drive any CRI runtime, and berthd works the same with it off (`--no-agent`).
 
+pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod gc;
@@ -25,12 +26,24 @@ use node::status::NodeIdentity;
 use pods::backoff::BackoffPolicy;
 use pods::registry::PodRegistry;
 
+/// The Kubernetes release whose kubelet behaviour the agent implements (what its Node reports
+/// as `kubeletVersion`, with Berth's version as build metadata).
+pub const KUBERNETES_VERSION: &str = "1.33.0";
+
+/// The Node's `kubeletVersion`: `v<Kubernetes>+berth.<Berth>`, e.g. `v1.33.0+berth.0.1.0`.
+pub fn kubelet_version() -> String {
+    format!("v{KUBERNETES_VERSION}+berth.{}", env!("CARGO_PKG_VERSION"))
+}
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// The CRI socket did not answer.
     #[error("agent: connecting to the CRI socket {path}: {error}")]
     Connect { path: PathBuf, error: String },
+    /// The kubeconfig cannot be used.
+    #[error("agent: {0}")]
+    Kubeconfig(#[from] cluster::KubeconfigError),
     /// The status endpoint could not listen.
     #[error("agent: listening on {address}: {error}")]
     Listen {
@@ -104,7 +117,11 @@ pub async fn start(
             "cri".into()
         }
     };
-    let node = NodeIdentity::detect(cfg.node_name.as_deref());
+    let node = NodeIdentity::detect(cfg.node_name.as_deref(), cfg.node_ip.as_deref());
+    let cluster = match &cfg.kubeconfig {
+        Some(path) => Some(Arc::new(cluster::Cluster::connect(path, &node.name).await?)),
+        None => None,
+    };
     let ctx = Arc::new(AgentContext {
         client,
         pod_log_dir: cfg.pod_log_dir.clone(),
@@ -180,12 +197,36 @@ pub async fn start(
             tokio::runtime::Handle::current(),
         );
     }
-    tokio::spawn(node_status.clone().heartbeat());
+    match &cluster {
+        Some(cluster) => {
+            let (cluster, status) = (cluster.clone(), node_status.clone());
+            let lease = Duration::from_secs_f64(cfg.node_lease_duration_secs);
+            let create = cfg.register_node;
+            tokio::spawn(async move {
+                node::register::register(cluster.clone(), status.clone(), create).await;
+                status.attach(cluster.clone());
+                node::lease::run(cluster, lease, status.heartbeat_counter()).await;
+            });
+        }
+        None => {
+            tokio::spawn(node_status.clone().heartbeat());
+        }
+    }
     tokio::spawn(node_status.run());
     tokio::spawn(eviction::run(ctx.clone()));
     tokio::spawn(gc::run(ctx.clone()));
+    let pods = pods::manager::PodManager::new(ctx.clone(), cluster.clone());
+    if let Some(cluster) = &cluster {
+        tokio::spawn(sources::api::run(cluster.clone(), pods.clone()));
+        tokio::spawn(pods::status_manager::run(
+            cluster.clone(),
+            ctx.clone(),
+            pods.clone(),
+        ));
+    }
     tokio::spawn(sources::files::run(
         ctx,
+        pods,
         cfg.manifest_dir.clone(),
         Duration::from_millis(cfg.manifest_rescan_ms),
     ));

@@ -61,6 +61,24 @@ struct Cli {
     /// The agent's read-only status endpoint.
     #[arg(long, value_name = "HOST:PORT")]
     agent_address: Option<String>,
+    /// Kubeconfig of the API server the agent joins as a node (off: pods from files only).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The node's name (default: the host name, lower-cased).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Labels of the Node besides the kubelet's own, `k=v,...`.
+    #[arg(long, value_name = "K=V,...", value_delimiter = ',')]
+    node_labels: Vec<String>,
+    /// Taints the Node is registered with, `key=value:Effect,...`.
+    #[arg(long, value_name = "TAINT,...", value_delimiter = ',')]
+    register_with_taints: Vec<String>,
+    /// The node's IP address (default: the source address of the default route).
+    #[arg(long, value_name = "IP")]
+    node_ip: Option<String>,
+    /// Whether the agent creates its Node (false: adopt the one an admin made).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    register_node: Option<bool>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -161,6 +179,27 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.agent_address {
         cfg.agent.address = v.clone();
+    }
+    if let Some(v) = &cli.kubeconfig {
+        cfg.agent.kubeconfig = Some(v.clone());
+    }
+    if let Some(v) = &cli.node_name {
+        cfg.agent.node_name = Some(v.clone());
+    }
+    for kv in &cli.node_labels {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--node-labels: {kv:?} is not key=value"))?;
+        cfg.agent.node_labels.insert(k.to_string(), v.to_string());
+    }
+    if !cli.register_with_taints.is_empty() {
+        cfg.agent.register_with_taints = cli.register_with_taints.clone();
+    }
+    if let Some(v) = &cli.node_ip {
+        cfg.agent.node_ip = Some(v.clone());
+    }
+    if let Some(v) = cli.register_node {
+        cfg.agent.register_node = v;
     }
     cfg.validate()?;
     Ok(cfg)

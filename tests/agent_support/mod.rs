@@ -9,6 +9,18 @@ use crate::common::{Daemon, TempDir, image, tail};
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 
+/// Puts `over` into `base`: tables merge, other values replace.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 /// A berthd with its agent on: a manifest dir, a status port, short back-offs and periods.
 pub struct Agent {
     pub daemon: Daemon,
@@ -43,17 +55,23 @@ impl Agent {
         let logs = TempDir::new("podlogs");
         let conf = TempDir::new("agentconf");
         let config = conf.path().join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
-                 node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-                 sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{agent_toml}\n{thresholds}",
-                logs.path(),
-                conf.path().file_name().and_then(|n| n.to_str()).unwrap_or("agent")
-            ),
-        )
-        .expect("config");
+        let base = format!(
+            "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
+             node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
+             sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{thresholds}",
+            logs.path(),
+            conf.path()
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("agent")
+        );
+        // The test's lines override the harness's (a TOML file may not name a key twice).
+        let mut table: toml::Table = base.parse().expect("harness config");
+        let overrides: toml::Table = format!("[agent]\n{agent_toml}")
+            .parse()
+            .expect("the test's [agent] lines");
+        merge(&mut table, overrides);
+        std::fs::write(&config, toml::to_string(&table).expect("config text")).expect("config");
         let args = [
             "--config".to_string(),
             config.display().to_string(),

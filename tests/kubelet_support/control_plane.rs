@@ -150,6 +150,12 @@ impl ControlPlane {
                 .arg("--name=default"),
         );
         let f = |n: &str| d.join(n).display().to_string();
+        // Every request's metadata goes to the audit log: tests count what a node sent.
+        std::fs::write(
+            d.join("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )
+        .expect("audit policy");
         cp.spawn(
             "kube-apiserver",
             Command::new(kube_bin("BERTH_TEST_KUBE_APISERVER"))
@@ -182,7 +188,9 @@ impl ControlPlane {
                 .arg("--authorization-mode=Node,RBAC")
                 .arg("--enable-admission-plugins=NodeRestriction")
                 .arg("--allow-privileged=true")
-                .arg(format!("--cert-dir={}", f("apiserver-certs"))),
+                .arg(format!("--cert-dir={}", f("apiserver-certs")))
+                .arg(format!("--audit-policy-file={}", f("audit-policy.yaml")))
+                .arg(format!("--audit-log-path={}", f("audit.log"))),
         );
         cp.wait("the API server ready", Duration::from_secs(90), |cp| {
             cp.kubectl(&["get", "--raw", "/readyz"]).0
@@ -282,6 +290,25 @@ impl ControlPlane {
     fn spawn(&mut self, name: &str, cmd: &mut Command) {
         let child = spawn_logged(cmd, &self.dir.path().join(format!("{name}.log")));
         self.children.push((name.to_string(), child));
+    }
+
+    /// The audit events so far whose user is `user`, verb `verb` and resource `resource`
+    /// (`nodes/status`, `leases`, ...), as the API server logged them.
+    pub fn audited(&self, user: &str, verb: &str, resource: &str) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        let (res, sub) = match resource.split_once('/') {
+            Some((r, s)) => (r, s),
+            None => (resource, ""),
+        };
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .filter(|e| e["user"]["username"] == user && e["verb"] == verb)
+            .filter(|e| {
+                e["objectRef"]["resource"] == res
+                    && e["objectRef"]["subresource"].as_str().unwrap_or("") == sub
+            })
+            .collect()
     }
 
     /// A component's log.

@@ -1,4 +1,7 @@
-//! The node: its status (conditions, capacity, allocatable, info) and its swap.
+//! The node: its status (conditions, capacity, allocatable, info), its registration and Lease
+//! with the API server, and its swap.
 
+pub mod lease;
+pub mod register;
 pub mod status;
 pub mod swap;

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{
     ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints,
-    NodeStatus as V1NodeStatus, NodeSystemInfo,
+    NodeSpec, NodeStatus as V1NodeStatus, NodeSystemInfo, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::agent::AgentContext;
-use crate::agent::config::AgentConfig;
+use crate::agent::cluster::Cluster;
+use crate::agent::config::{AgentConfig, parse_taint};
 use crate::agent::eviction;
 use crate::agent::eviction::policy as eviction_policy;
 use crate::agent::eviction::signals as eviction_signals;
@@ -37,8 +38,8 @@ pub struct NodeIdentity {
 }
 
 impl NodeIdentity {
-    /// Looks the node up on this machine.
-    pub fn detect(name: Option<&str>) -> Self {
+    /// Looks the node up on this machine (`ip` overrides the default route's address).
+    pub fn detect(name: Option<&str>, ip: Option<&str>) -> Self {
         let hostname = rustix::system::uname()
             .nodename()
             .to_string_lossy()
@@ -48,7 +49,10 @@ impl NodeIdentity {
                 .map(str::to_string)
                 .unwrap_or_else(|| hostname.to_lowercase()),
             hostname,
-            internal_ip: internal_ip().unwrap_or_default(),
+            internal_ip: ip
+                .map(str::to_string)
+                .or_else(internal_ip)
+                .unwrap_or_default(),
             memory_bytes: crate::agent::runtime::resources::proc_meminfo_bytes("MemTotal")
                 .unwrap_or(0),
         }
@@ -128,7 +132,9 @@ pub struct NodeStatus {
     status_file: PathBuf,
     lease_file: PathBuf,
     lease: Duration,
-    heartbeats: std::sync::atomic::AtomicU64,
+    heartbeats: Arc<std::sync::atomic::AtomicU64>,
+    /// The API server the status goes to (none: the status file).
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
     port: AtomicU16,
     inner: Mutex<Inner>,
 }
@@ -151,9 +157,20 @@ impl NodeStatus {
             lease_file: state_dir.join("agent/node-lease.json"),
             lease: Duration::from_secs_f64(cfg.node_lease_duration_secs),
             heartbeats: Default::default(),
+            cluster: std::sync::OnceLock::new(),
             port: AtomicU16::new(0),
             inner: Mutex::new(Inner::default()),
         })
+    }
+
+    /// Sends the status to the API server from now on (the Node is registered).
+    pub fn attach(&self, cluster: Arc<Cluster>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// The lease renewal counter (renewals to the API server count there too).
+    pub fn heartbeat_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.heartbeats.clone()
     }
 
     /// The status endpoint's port (the node's daemonEndpoints).
@@ -223,7 +240,7 @@ impl NodeStatus {
                 }
                 Err(e) => {
                     failures += 1;
-                    let retry = lease_retry_delay(failures);
+                    let retry = crate::agent::cluster::retry_delay(failures);
                     tracing::warn!(error = %e, retry_ms = retry.as_millis() as u64, "renewing the node lease failed");
                     tokio::time::sleep(retry).await;
                 }
@@ -245,7 +262,17 @@ impl NodeStatus {
             }
             due
         };
-        if due {
+        if due && let Some(cluster) = self.cluster.get() {
+            if let Err(e) = send_status(cluster, &node).await {
+                cluster.log_failure("patch the node status", &e);
+                // Reported on the next computation instead.
+                if let Ok(mut i) = self.inner.lock() {
+                    i.last_key.clear();
+                }
+            } else {
+                tracing::debug!("node status sent to the API server");
+            }
+        } else if due {
             let file = self.status_file.clone();
             let bytes = serde_json::to_vec_pretty(&node).unwrap_or_default();
             let res = tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await;
@@ -406,17 +433,36 @@ impl NodeStatus {
             address: id.hostname.clone(),
         });
         let uname = rustix::system::uname();
-        let mut labels = BTreeMap::new();
+        let mut labels = self.ctx.config.node_labels.clone();
         labels.insert("kubernetes.io/hostname".to_string(), id.name.clone());
         labels.insert("kubernetes.io/os".to_string(), "linux".to_string());
         labels.insert("kubernetes.io/arch".to_string(), arch().to_string());
+        labels.insert("beta.kubernetes.io/os".to_string(), "linux".to_string());
+        labels.insert("beta.kubernetes.io/arch".to_string(), arch().to_string());
+        let taints: Vec<Taint> = self
+            .ctx
+            .config
+            .register_with_taints
+            .iter()
+            .filter_map(|t| parse_taint(t).ok())
+            .collect();
         Node {
             metadata: ObjectMeta {
                 name: Some(id.name.clone()),
                 labels: Some(labels),
+                annotations: Some(
+                    [(
+                        "volumes.kubernetes.io/controller-managed-attach-detach".to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                ),
                 ..Default::default()
             },
-            spec: None,
+            spec: (!taints.is_empty()).then(|| NodeSpec {
+                taints: Some(taints),
+                ..Default::default()
+            }),
             status: Some(V1NodeStatus {
                 conditions: Some(conditions),
                 capacity: Some(capacity),
@@ -432,7 +478,7 @@ impl NodeStatus {
                     architecture: arch().to_string(),
                     boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
                     machine_id: read_trimmed("/etc/machine-id"),
-                    system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
+                    system_uuid: system_uuid(),
                     kernel_version: uname.release().to_string_lossy().into_owned(),
                     os_image: os_image(),
                     operating_system: "linux".into(),
@@ -440,7 +486,7 @@ impl NodeStatus {
                         "{}://{}",
                         version.runtime_name, version.runtime_version
                     ),
-                    kubelet_version: format!("v{}-berth", env!("CARGO_PKG_VERSION")),
+                    kubelet_version: crate::agent::kubelet_version(),
                     kube_proxy_version: String::new(),
                     ..Default::default()
                 }),
@@ -558,13 +604,6 @@ pub fn capacity_and_allocatable(
     (capacity, allocatable)
 }
 
-/// How long to wait before renewing the lease again after `failures` failures in a row: from
-/// 200 ms doubling to 7 s, as the kubelet's lease controller.
-fn lease_retry_delay(failures: u32) -> Duration {
-    let ms = 200u64.saturating_mul(1u64 << failures.saturating_sub(1).min(10));
-    Duration::from_millis(ms.min(7000))
-}
-
 /// The node without heartbeat times: what must change for a report.
 fn meaningful(node: &Node) -> String {
     let mut n = node.clone();
@@ -574,6 +613,48 @@ fn meaningful(node: &Node) -> String {
         }
     }
     serde_json::to_string(&n).unwrap_or_default()
+}
+
+/// Tries sent of one node status update (the kubelet's nodeStatusUpdateRetry).
+const STATUS_TRIES: u32 = 5;
+
+/// Sends the node's status as a strategic-merge PATCH of `nodes/<name>/status`.
+async fn send_status(cluster: &Cluster, node: &Node) -> Result<(), kube::Error> {
+    let api: kube::Api<Node> = kube::Api::all(cluster.client.clone());
+    let patch = serde_json::json!({ "status": node.status });
+    let params = kube::api::PatchParams::default();
+    let mut last = None;
+    for _ in 0..STATUS_TRIES {
+        match api
+            .patch_status(
+                &cluster.node_name,
+                &params,
+                &kube::api::Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The machine's UUID as the kubelet reads it: the DMI product UUID, else the device tree's
+/// system id or VM UUID (empty when the machine has none of them).
+fn system_uuid() -> String {
+    [
+        "/sys/class/dmi/id/product_uuid",
+        "/proc/device-tree/system-id",
+        "/proc/device-tree/vm,uuid",
+    ]
+    .iter()
+    .map(|p| read_trimmed(p).trim_end_matches('\0').to_string())
+    .find(|s| !s.is_empty())
+    .unwrap_or_default()
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
@@ -589,13 +670,6 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lease_retries_back_off_from_200_ms_to_7_s() {
-        let ms: Vec<u128> = (1..=7).map(|n| lease_retry_delay(n).as_millis()).collect();
-        assert_eq!(ms, [200, 400, 800, 1600, 3200, 6400, 7000]);
-        assert_eq!(lease_retry_delay(100).as_millis(), 7000);
-    }
 
     #[test]
     fn allocatable_is_capacity_minus_reserves_and_hard_eviction() {

@@ -1,8 +1,11 @@
-//! Pod workers and what they keep: back-off, lifecycle hooks, published status, terminations.
+//! Pod workers and what they keep: the pod manager (one worker per pod of every source),
+//! back-off, lifecycle hooks, published status, terminations.
 
 pub mod backoff;
 pub mod hooks;
+pub mod manager;
 pub mod registry;
 pub mod status;
+pub mod status_manager;
 pub mod terminate;
 pub mod worker;

@@ -5,23 +5,49 @@ use std::path::PathBuf;
 use std::sync::RwLock;
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
 
 use crate::agent::sources::manifest::PodKey;
 
 /// Published pods by `namespace/name`, and the manifest files refused with why.
-#[derive(Default)]
 pub struct PodRegistry {
     pods: RwLock<BTreeMap<PodKey, Pod>>,
     errors: RwLock<BTreeMap<PathBuf, String>>,
     warnings: RwLock<BTreeMap<PathBuf, String>>,
+    /// Counts publications that changed a pod's status (what the status manager waits on).
+    changes: watch::Sender<u64>,
+}
+
+impl Default for PodRegistry {
+    fn default() -> Self {
+        Self {
+            pods: Default::default(),
+            errors: Default::default(),
+            warnings: Default::default(),
+            changes: watch::channel(0).0,
+        }
+    }
 }
 
 impl PodRegistry {
     /// Publishes a pod's latest state.
     pub fn insert(&self, key: PodKey, pod: Pod) {
-        if let Ok(mut m) = self.pods.write() {
-            m.insert(key, pod);
+        let changed = match self.pods.write() {
+            Ok(mut m) => {
+                let changed = m.get(&key).is_none_or(|old| old.status != pod.status);
+                m.insert(key, pod);
+                changed
+            }
+            Err(_) => false,
+        };
+        if changed {
+            self.changes.send_modify(|n| *n += 1);
         }
+    }
+
+    /// A receiver that sees each change of a published pod's status.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Forgets a pod.

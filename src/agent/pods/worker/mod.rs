@@ -83,6 +83,15 @@ pub struct PodWorker {
     ended: Option<(String, String)>,
 }
 
+/// What a pod's source asks of its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Desire {
+    /// Keep the pod running.
+    Run,
+    /// Stop it within `grace_secs` (None: the pod's terminationGracePeriodSeconds).
+    Stop { grace_secs: Option<i64> },
+}
+
 /// Back-off key of sandbox creation (container names cannot contain '/').
 const SANDBOX_KEY: &str = "/sandbox";
 
@@ -179,13 +188,14 @@ impl PodWorker {
         )
     }
 
-    /// Syncs until `stop` turns true, then terminates the pod.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    /// Syncs until `stop` asks it to stop, then terminates the pod (within the grace period
+    /// asked, else the pod's own).
+    pub async fn run(mut self, mut stop: watch::Receiver<Desire>) {
         let pod = self.pod_ref();
         tracing::info!(pod = %pod, file = %self.desired.file.display(), "starting pod worker");
         let period = self.ctx.sync_period;
         loop {
-            if *stop.borrow() {
+            if *stop.borrow() != Desire::Run {
                 break;
             }
             if self.ended.is_none()
@@ -241,8 +251,12 @@ impl PodWorker {
                 () = pod_changed => {}
             }
         }
-        tracing::info!(pod = %pod, "terminating pod");
-        self.terminate().await;
+        let grace = match *stop.borrow() {
+            Desire::Stop { grace_secs } => grace_secs,
+            Desire::Run => None,
+        };
+        tracing::info!(pod = %pod, grace_secs = ?grace, "terminating pod");
+        self.terminate(grace).await;
         self.ctx.terminations.forget(&self.desired.uid);
         crate::agent::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
         // The pod is gone for good: so are its logs (the kubelet removes them too).
@@ -369,7 +383,7 @@ impl PodWorker {
                 }
                 Err(e) => return Err(format!("PodSandboxStatus: {}", e.message())),
             }
-            self.remove_sandbox(&id).await;
+            self.remove_sandbox(&id, None).await;
             self.mutated = true;
             self.sandbox = None;
             self.ip_known = false;
@@ -403,7 +417,7 @@ impl PodWorker {
                     self.next_attempt = self.next_attempt.max(attempt);
                 } else {
                     tracing::info!(pod = %self.pod_ref(), sandbox = %sb.id, "removing an old sandbox of this pod");
-                    self.remove_sandbox(&sb.id).await;
+                    self.remove_sandbox(&sb.id, None).await;
                 }
             }
             if self.sandbox.is_some() {

@@ -60,8 +60,9 @@ impl PodWorker {
 
     /// Stops the sandbox's containers within the pod's grace period, then stops and removes
     /// the sandbox.
-    pub(super) async fn remove_sandbox(&self, id: &str) {
-        self.stop_containers(id, self.grace()).await;
+    pub(super) async fn remove_sandbox(&self, id: &str, grace_secs: Option<i64>) {
+        let grace = grace_secs.map_or_else(|| self.grace(), |g| g.max(0));
+        self.stop_containers(id, grace).await;
         self.stop_sandbox(id).await;
         if let Err(e) = self
             .ctx
@@ -134,11 +135,12 @@ impl PodWorker {
         self.ctx.terminations.mark_done(&self.desired.uid);
     }
 
-    /// Stops the containers within the grace period, then stops and removes the sandbox.
-    pub(super) async fn terminate(&mut self) {
+    /// Stops the containers within `grace_secs` (None: the pod's grace period), then stops and
+    /// removes the sandbox.
+    pub(super) async fn terminate(&mut self, grace_secs: Option<i64>) {
         self.drop_all_probes();
         if let Some((id, _)) = self.sandbox.take() {
-            self.remove_sandbox(&id).await;
+            self.remove_sandbox(&id, grace_secs).await;
         }
     }
 }

@@ -1,0 +1,100 @@
+//! The agent as a node of a Kubernetes cluster: the API server connection (kube-rs), who it
+//! authenticates as, and the retry rhythm its requests share. The node's Node and Lease live
+//! in `node/`, pods from the API server in `sources/api.rs`, their status in
+//! `pods/status_manager.rs`.
+
+pub mod kubeconfig;
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use kubeconfig::KubeconfigError;
+
+/// The connection to the API server and the node's place there.
+pub struct Cluster {
+    /// The client (its credentials from the kubeconfig).
+    pub client: kube::Client,
+    /// Who the requests come from, for log lines.
+    pub identity: String,
+    /// This node's name.
+    pub node_name: String,
+    /// The Node's UID once registered (owner of the Lease and of mirror pods).
+    node_uid: OnceLock<String>,
+}
+
+impl Cluster {
+    /// Reads the kubeconfig at `path` and makes the client (nothing is sent yet).
+    pub async fn connect(path: &Path, node_name: &str) -> Result<Self, KubeconfigError> {
+        let loaded = kubeconfig::load(path).await?;
+        let client =
+            kube::Client::try_from(loaded.config).map_err(|e| KubeconfigError::Invalid {
+                path: path.to_path_buf(),
+                error: e.to_string(),
+            })?;
+        Ok(Self {
+            client,
+            identity: loaded.identity,
+            node_name: node_name.to_string(),
+            node_uid: OnceLock::new(),
+        })
+    }
+
+    /// The Node's UID, once the node is registered.
+    pub fn node_uid(&self) -> Option<&str> {
+        self.node_uid.get().map(String::as_str)
+    }
+
+    /// Records the Node's UID (the first registration's stays).
+    pub fn set_node_uid(&self, uid: String) {
+        let _ = self.node_uid.set(uid);
+    }
+
+    /// Logs a failed request: refused credentials name the identity, as an operator needs to
+    /// fix them; other failures are warnings with the API server's answer.
+    pub fn log_failure(&self, request: &str, error: &kube::Error) {
+        match status_code(error) {
+            Some(401) => tracing::error!(
+                request,
+                identity = %self.identity,
+                error = %error,
+                "the API server refused the node's credentials (401 Unauthorized)"
+            ),
+            Some(403) => tracing::error!(
+                request,
+                identity = %self.identity,
+                error = %error,
+                "the API server forbids this request to the node (403 Forbidden)"
+            ),
+            _ => tracing::warn!(request, error = %error, "API request failed"),
+        }
+    }
+}
+
+/// The HTTP status of an error the API server answered with.
+pub fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// How long to wait before trying again after `failures` failures in a row: from 200 ms
+/// doubling to 7 s, as the kubelet's lease controller.
+pub fn retry_delay(failures: u32) -> Duration {
+    let ms = 200u64.saturating_mul(1u64 << failures.saturating_sub(1).min(10));
+    Duration::from_millis(ms.min(7000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_from_200_ms_to_7_s() {
+        let ms: Vec<u128> = (1..=7).map(|n| retry_delay(n).as_millis()).collect();
+        assert_eq!(ms, [200, 400, 800, 1600, 3200, 6400, 7000]);
+        assert_eq!(retry_delay(100).as_millis(), 7000);
+        assert_eq!(retry_delay(0).as_millis(), 200);
+    }
+}

@@ -1,0 +1,324 @@
+//! The pods the agent runs, from all its sources (manifest files, the API server): one worker
+//! per pod, started when a source asks for it and stopped when none does any more (an API pod
+//! being deleted within its deletion grace period, then deleted for good), and sandboxes of
+//! pods no source asks for removed once every source has said what it wants.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
+
+use super::worker::{Desire, PodWorker};
+use crate::agent::AgentContext;
+use crate::agent::cluster::{self, Cluster};
+use crate::agent::runtime::labels;
+use crate::agent::sources::manifest::{DesiredPod, PodKey};
+
+/// Where a pod comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A manifest file (a static pod).
+    File,
+    /// The API server (a pod bound to this node).
+    Api,
+}
+
+struct Running {
+    uid: String,
+    hash: String,
+    source: Source,
+    desire: watch::Sender<Desire>,
+    /// The pod is being deleted in the API server: finish the deletion once the worker ends.
+    deleting: Option<Pod>,
+}
+
+#[derive(Default)]
+struct State {
+    sets: HashMap<Source, BTreeMap<PodKey, DesiredPod>>,
+    workers: HashMap<PodKey, Running>,
+    orphans_removed: bool,
+}
+
+/// The pod set and its workers.
+pub struct PodManager {
+    ctx: Arc<AgentContext>,
+    cluster: Option<Arc<Cluster>>,
+    state: Mutex<State>,
+}
+
+impl PodManager {
+    /// A manager for the sources the agent has: files, and the API server with `cluster`.
+    pub fn new(ctx: Arc<AgentContext>, cluster: Option<Arc<Cluster>>) -> Arc<Self> {
+        Arc::new(Self {
+            ctx,
+            cluster,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// `source` now asks for `pods` (all it asks for).
+    pub fn set(self: &Arc<Self>, source: Source, pods: BTreeMap<PodKey, DesiredPod>) {
+        if let Ok(mut st) = self.state.lock() {
+            st.sets.insert(source, pods);
+        }
+        self.reconcile();
+    }
+
+    /// The UIDs of the API server's pods that run here (their status goes back there).
+    pub fn api_uids(&self) -> HashSet<String> {
+        self.state
+            .lock()
+            .map(|st| {
+                st.workers
+                    .values()
+                    .filter(|w| w.source == Source::Api)
+                    .map(|w| w.uid.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn reconcile(self: &Arc<Self>) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        // Files win over the API server for a pod both name.
+        let mut union: BTreeMap<PodKey, (Source, DesiredPod)> = BTreeMap::new();
+        for source in [Source::Api, Source::File] {
+            for (k, d) in st.sets.get(&source).into_iter().flatten() {
+                union.insert(k.clone(), (source, d.clone()));
+            }
+        }
+        let all_reported = st.sets.contains_key(&Source::File)
+            && (self.cluster.is_none() || st.sets.contains_key(&Source::Api));
+        if all_reported && !st.orphans_removed {
+            st.orphans_removed = true;
+            let uids: HashSet<String> = union.values().map(|(_, d)| d.uid.clone()).collect();
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move { remove_orphans(&ctx, &uids).await });
+        }
+        for (key, w) in st.workers.iter_mut() {
+            let wanted = union
+                .get(key)
+                .filter(|(_, d)| d.uid == w.uid && d.hash == w.hash && !being_deleted(&d.pod));
+            if wanted.is_some() || *w.desire.borrow() != Desire::Run {
+                continue;
+            }
+            let deleting = union
+                .get(key)
+                .filter(|(s, d)| *s == Source::Api && d.uid == w.uid && being_deleted(&d.pod))
+                .map(|(_, d)| d.pod.clone());
+            let grace = deleting
+                .as_ref()
+                .and_then(|p| p.metadata.deletion_grace_period_seconds);
+            tracing::info!(pod = %format!("{}/{}", key.0, key.1), deleting = deleting.is_some(), "pod no longer wanted: stopping it");
+            w.deleting = deleting;
+            let _ = w.desire.send(Desire::Stop { grace_secs: grace });
+        }
+        let starts: Vec<(PodKey, Source, DesiredPod)> = union
+            .into_iter()
+            .filter(|(k, _)| !st.workers.contains_key(k))
+            .filter(|(_, (_, d))| !being_deleted(&d.pod) && !finished(&d.pod))
+            .map(|(k, (s, d))| (k, s, d))
+            .collect();
+        for (key, source, d) in starts {
+            let (desire, rx) = watch::channel(Desire::Run);
+            let worker = PodWorker::new(d.clone(), self.ctx.clone());
+            let me = self.clone();
+            let done_key = key.clone();
+            let uid = d.uid.clone();
+            tokio::spawn(async move {
+                worker.run(rx).await;
+                me.worker_ended(done_key, uid).await;
+            });
+            st.workers.insert(
+                key,
+                Running {
+                    uid: d.uid.clone(),
+                    hash: d.hash.clone(),
+                    source,
+                    desire,
+                    deleting: None,
+                },
+            );
+        }
+    }
+
+    /// A worker ended: forget it, finish an API deletion, and start what is wanted now.
+    async fn worker_ended(self: Arc<Self>, key: PodKey, uid: String) {
+        let deleting = match self.state.lock() {
+            Ok(mut st) => match st.workers.get(&key) {
+                Some(w) if w.uid == uid => st.workers.remove(&key).and_then(|w| w.deleting),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        if let (Some(pod), Some(cluster)) = (deleting, &self.cluster) {
+            finish_deletion(cluster, &pod).await;
+        }
+        self.reconcile();
+    }
+}
+
+/// Whether the API server is deleting the pod.
+fn being_deleted(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether the pod ended for good (its API status says so): it is not started again.
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Deletes the pod for good (grace 0, only this UID), as the kubelet does once its containers
+/// are stopped; retried with back-off while the API server fails, not when the pod is gone.
+async fn finish_deletion(cluster: &Cluster, pod: &Pod) {
+    let (Some(ns), Some(name), Some(uid)) = (
+        pod.metadata.namespace.as_deref(),
+        pod.metadata.name.as_deref(),
+        pod.metadata.uid.as_deref(),
+    ) else {
+        return;
+    };
+    let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client.clone(), ns);
+    let params = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let mut failures = 0u32;
+    loop {
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                tracing::info!(pod = %format!("{ns}/{name}"), uid, "pod deleted from the API server");
+                return;
+            }
+            // Gone already, or another pod of that name now (the precondition failed).
+            Err(e) if matches!(cluster::status_code(&e), Some(404 | 409)) => return,
+            Err(e) => {
+                failures += 1;
+                cluster.log_failure("delete a terminated pod", &e);
+                if failures >= 10 {
+                    return;
+                }
+                tokio::time::sleep(cluster::retry_delay(failures)).await;
+            }
+        }
+    }
+}
+
+/// Removes sandboxes this agent made for pods no source asks for any more (removed while
+/// berthd was down). Sandboxes it did not make are never touched.
+async fn remove_orphans(ctx: &AgentContext, uids: &HashSet<String>) {
+    let mut rt = ctx.client.runtime();
+    let items = match rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [(labels::MANAGED_BY.to_string(), labels::AGENT.to_string())]
+                    .into(),
+                ..Default::default()
+            }),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().items,
+        Err(e) => {
+            tracing::warn!(error = %e.message(), "agent: ListPodSandbox failed");
+            return;
+        }
+    };
+    for sb in items {
+        let uid = sb
+            .labels
+            .get(labels::POD_UID)
+            .map(String::as_str)
+            .unwrap_or_default();
+        if uids.contains(uid) {
+            continue;
+        }
+        tracing::info!(sandbox = %sb.id, uid, "removing a pod no source asks for");
+        if let Ok(list) = rt
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sb.id.clone(),
+                    ..Default::default()
+                }),
+            })
+            .await
+        {
+            for c in list.into_inner().containers {
+                let grace = c
+                    .annotations
+                    .get(labels::POD_GRACE)
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(30);
+                if c.state == cri::ContainerState::ContainerRunning as i32 {
+                    let _ = rt
+                        .stop_container(cri::StopContainerRequest {
+                            container_id: c.id,
+                            timeout: grace,
+                        })
+                        .await;
+                }
+            }
+        }
+        let _ = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: sb.id.clone(),
+            })
+            .await;
+        let _ = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: sb.id.clone(),
+            })
+            .await;
+        // Its volumes too (a Memory emptyDir's tmpfs stays mounted otherwise), as a worker does
+        // when its pod goes; only for a uid that names one directory under pods_dir.
+        if is_plain_name(uid) {
+            crate::agent::volumes::cleanup(&ctx.pods_dir.join(uid));
+        }
+    }
+}
+
+/// Whether `name` is one normal path component (not empty, `.`, `..`, nor holding a `/`).
+fn is_plain_name(name: &str) -> bool {
+    let mut parts = std::path::Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) && !name.contains('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_uids_name_a_pod_directory() {
+        assert!(is_plain_name("0b5c6f0e-1234-4c1a-9c1e-5f7d1c2b3a4d"));
+        for bad in ["", ".", "..", "a/b", "/abs", "../up", "a/"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn deleted_and_finished_pods_are_not_started() {
+        let mut pod = Pod::default();
+        assert!(!being_deleted(&pod) && !finished(&pod));
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert!(finished(&pod));
+        pod.metadata.deletion_timestamp = Some(crate::agent::pods::status::now());
+        assert!(being_deleted(&pod));
+    }
+}

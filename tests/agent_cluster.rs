@@ -1,0 +1,364 @@
+//! Berth's agent as a node of a real cluster, with no kubelet: etcd, kube-apiserver and
+//! kube-controller-manager 1.20.2 on loopback (Node and RBAC authorization, NodeRestriction),
+//! the agent joining with a node certificate. Registration with labels and taints, Lease
+//! renewals, node status sent on change only (counted in the API server's audit log), a pod
+//! created with kubectl running and Ready in the API, deletion with grace, the node going
+//! Unknown through the real controller manager while berthd is stopped and Ready again with no
+//! container restarted; and kubeconfigs berthd refuses at start.
+
+mod agent_support;
+mod cni_support;
+mod common;
+mod kubelet_support;
+
+use std::time::{Duration, Instant};
+
+use agent_support::Agent;
+use common::*;
+use k8s_cri::v1 as cri;
+use kubelet_support::control_plane::ControlPlane;
+
+/// A node of one Berth agent and its control plane.
+struct AgentNode {
+    agent: Agent,
+    cp: ControlPlane,
+    node: String,
+    /// The test's namespace (named after the node).
+    ns: String,
+}
+
+impl AgentNode {
+    /// The control plane, then berthd with its agent joining it; `agent_toml` adds `[agent]`
+    /// settings.
+    fn start(agent_toml: &str) -> Self {
+        let tag = TempDir::new("nodename");
+        let node = tag
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("node")
+            .trim_start_matches("berth-it-")
+            .to_lowercase()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+        let node = format!("agent-{node}");
+        let cp = ControlPlane::start(&node);
+        let args: Vec<String> = [
+            "--kubeconfig",
+            &cp.node_kubeconfig().display().to_string(),
+            "--node-name",
+            &node,
+            "--node-labels",
+            "tier=test,berth.dev/role=agent",
+            "--register-with-taints",
+            "dedicated=berth:NoSchedule",
+            "--node-ip",
+            "127.0.0.1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let agent = Agent::start_with_config(&args, agent_toml);
+        cp.wait_node_ready(&node);
+        cp.kubectl_ok(&["create", "namespace", &node]);
+        cp.wait(
+            "the namespace's service account",
+            Duration::from_secs(60),
+            |cp| {
+                cp.kubectl(&["-n", &node, "get", "serviceaccount", "default"])
+                    .0
+            },
+        );
+        Self {
+            agent,
+            cp,
+            ns: node.clone(),
+            node,
+        }
+    }
+
+    fn user(&self) -> String {
+        format!("system:node:{}", self.node)
+    }
+
+    fn node_path(&self, path: &str) -> String {
+        self.cp.jsonpath(&["node", &self.node], path)
+    }
+
+    fn pod_path(&self, pod: &str, path: &str) -> String {
+        self.cp.jsonpath(&["-n", &self.ns, "pod", pod], path)
+    }
+
+    fn wait_pod(&self, what: &str, pod: &str, path: &str, want: &str) {
+        self.cp.wait(
+            &format!("pod {pod}: {what}\n{}", tail(&self.agent.daemon.log(), 30)),
+            Duration::from_secs(90),
+            |_| self.pod_path(pod, path) == want,
+        );
+    }
+
+    /// A host-network busybox pod bound to this node (there is no scheduler).
+    fn create_pod(&self, name: &str, grace: u32, script: &str) {
+        self.cp.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: {grace}\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, {script:?}]\n    readinessProbe:\n      exec: {{command: [\"true\"]}}\n      periodSeconds: 1\n",
+            ns = self.ns,
+            node = self.node,
+            image = image("busybox:latest"),
+        ));
+    }
+
+    /// The agent's sandboxes (all states) for pods named `name`.
+    async fn sandboxes(&self, name: &str) -> Vec<cri::PodSandbox> {
+        let c = self.agent.daemon.client().await;
+        c.runtime()
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .expect("ListPodSandbox")
+            .into_inner()
+            .items
+            .into_iter()
+            .filter(|s| s.metadata.as_ref().is_some_and(|m| m.name == name))
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn registers_with_labels_and_taints_renews_its_lease_and_sends_status_on_change() {
+    let n = AgentNode::start("node_status_report_secs = 120.0\n");
+    // Registered as the kubelet registers: its labels, ours, the taint, the full status.
+    let labels = n.node_path("{.metadata.labels}");
+    for want in [
+        format!("\"kubernetes.io/hostname\":\"{}\"", n.node),
+        "\"kubernetes.io/os\":\"linux\"".to_string(),
+        "\"kubernetes.io/arch\":\"amd64\"".to_string(),
+        "\"beta.kubernetes.io/os\":\"linux\"".to_string(),
+        "\"tier\":\"test\"".to_string(),
+        "\"berth.dev/role\":\"agent\"".to_string(),
+    ] {
+        assert!(labels.contains(&want), "{want} not in {labels}");
+    }
+    assert_eq!(
+        n.node_path("{.spec.taints[?(@.key==\"dedicated\")].effect}"),
+        "NoSchedule"
+    );
+    assert_eq!(
+        n.node_path("{.spec.taints[?(@.key==\"dedicated\")].value}"),
+        "berth"
+    );
+    let version = n.node_path("{.status.nodeInfo.kubeletVersion}");
+    assert!(version.starts_with("v1.33.0+berth."), "{version}");
+    assert!(
+        n.node_path("{.status.nodeInfo.containerRuntimeVersion}")
+            .starts_with("berth://")
+    );
+    assert_eq!(
+        n.node_path("{.status.addresses[?(@.type==\"InternalIP\")].address}"),
+        "127.0.0.1"
+    );
+    assert!(!n.node_path("{.status.capacity.cpu}").is_empty());
+    assert!(!n.node_path("{.status.allocatable.memory}").is_empty());
+
+    // The Lease: held by the node, owned by the Node, renewed every quarter of 2 s.
+    let lease = |path: &str| {
+        n.cp.jsonpath(&["-n", "kube-node-lease", "lease", &n.node], path)
+    };
+    n.cp.wait("the node lease", Duration::from_secs(30), |_| {
+        !lease("{.spec.renewTime}").is_empty()
+    });
+    assert_eq!(lease("{.spec.holderIdentity}"), n.node);
+    assert_eq!(lease("{.spec.leaseDurationSeconds}"), "2");
+    assert_eq!(lease("{.metadata.ownerReferences[0].kind}"), "Node");
+    assert_eq!(
+        lease("{.metadata.ownerReferences[0].uid}"),
+        n.node_path("{.metadata.uid}")
+    );
+    let first = lease("{.spec.renewTime}");
+    n.cp.wait("a lease renewal", Duration::from_secs(10), |_| {
+        lease("{.spec.renewTime}") != first
+    });
+
+    // Idle: the status is computed every 0.5 s but nothing meaningful changes, so nothing is
+    // sent (the report period is 120 s), while the lease keeps being renewed.
+    std::thread::sleep(Duration::from_secs(3));
+    let patches = n.cp.audited(&n.user(), "patch", "nodes/status").len();
+    let renewals = n.cp.audited(&n.user(), "update", "leases").len();
+    std::thread::sleep(Duration::from_secs(6));
+    let idle_patches = n.cp.audited(&n.user(), "patch", "nodes/status").len() - patches;
+    let idle_renewals = n.cp.audited(&n.user(), "update", "leases").len() - renewals;
+    assert_eq!(idle_patches, 0, "node status sent with nothing changed");
+    assert!(idle_renewals >= 6, "{idle_renewals} lease renewals in 6 s");
+    let (_, counters) = n.agent.get("/node/reports");
+    assert!(
+        counters["computed"].as_u64().unwrap_or(0) >= 10,
+        "{counters}"
+    );
+
+    // A meaningful change (a new image on the node) is sent at once.
+    let c = n.agent.daemon.client().await;
+    c.images()
+        .pull_image(cri::PullImageRequest {
+            image: spec(&image("layers:latest")),
+            ..Default::default()
+        })
+        .await
+        .expect("pull");
+    n.cp.wait(
+        "the new image in the node status",
+        Duration::from_secs(20),
+        |_| n.node_path("{.status.images[*].names}").contains("layers"),
+    );
+    assert!(n.cp.audited(&n.user(), "patch", "nodes/status").len() > patches);
+}
+
+#[tokio::test]
+async fn a_pod_from_kubectl_runs_is_ready_in_the_api_and_is_deleted_with_its_grace() {
+    let n = AgentNode::start("");
+    let created = Instant::now();
+    // Ignores SIGTERM: only the grace period ends it.
+    n.create_pod("web", 30, "trap '' TERM; while true; do sleep 1; done");
+    n.wait_pod("Running", "web", "{.status.phase}", "Running");
+    eprintln!("create to Running: {:?}", created.elapsed());
+    n.wait_pod(
+        "Ready",
+        "web",
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+        "True",
+    );
+    assert_eq!(n.pod_path("web", "{.status.hostIP}"), "127.0.0.1");
+    assert_eq!(n.pod_path("web", "{.status.podIP}"), "127.0.0.1");
+    assert_eq!(n.pod_path("web", "{.status.qosClass}"), "BestEffort");
+    assert_eq!(
+        n.pod_path("web", "{.status.containerStatuses[0].ready}"),
+        "true"
+    );
+    let id = n.pod_path("web", "{.status.containerStatuses[0].containerID}");
+    assert!(id.starts_with("berth://"), "{id}");
+    assert!(!n.pod_path("web", "{.status.startTime}").is_empty());
+    // The scheduler's condition survives the agent's patches.
+    assert_eq!(
+        n.pod_path(
+            "web",
+            "{.status.conditions[?(@.type==\"PodScheduled\")].status}"
+        ),
+        "True"
+    );
+    assert_eq!(n.sandboxes("web").await.len(), 1);
+    // Status patches come from the node itself, never a GET of pods/status.
+    assert!(!n.cp.audited(&n.user(), "patch", "pods/status").is_empty());
+    assert!(n.cp.audited(&n.user(), "get", "pods/status").is_empty());
+
+    // Deleted with a 3 s grace: stopped within it (not the pod's 30 s), then gone from the
+    // API server, its sandbox removed.
+    let deleted = Instant::now();
+    n.cp.kubectl_ok(&[
+        "-n",
+        &n.ns,
+        "delete",
+        "pod",
+        "web",
+        "--grace-period=3",
+        "--wait=false",
+    ]);
+    n.cp.wait("the pod gone from the API", Duration::from_secs(30), |cp| {
+        !cp.kubectl(&["-n", &n.ns, "get", "pod", "web"]).0
+    });
+    let took = deleted.elapsed();
+    assert!(
+        took >= Duration::from_secs(2),
+        "deleted in {took:?}: the grace period was not given"
+    );
+    assert!(n.sandboxes("web").await.is_empty());
+    assert!(
+        !n.cp.audited(&n.user(), "delete", "pods").is_empty(),
+        "the node finished the deletion"
+    );
+}
+
+#[tokio::test]
+async fn the_node_goes_unknown_while_berthd_is_down_and_comes_back_with_nothing_restarted() {
+    let mut n = AgentNode::start("");
+    n.create_pod("steady", 2, "while true; do sleep 1; done");
+    n.wait_pod("Running", "steady", "{.status.phase}", "Running");
+    let id = n.pod_path("steady", "{.status.containerStatuses[0].containerID}");
+    n.agent.daemon.stop();
+    // The controller manager (grace 20 s) sees the lease run out.
+    n.cp.wait("the node Unknown", Duration::from_secs(90), |_| {
+        n.node_path("{.status.conditions[?(@.type==\"Ready\")].status}") == "Unknown"
+    });
+    n.agent.respawn();
+    n.cp.wait_node_ready(&n.node);
+    n.wait_pod(
+        "Ready again",
+        "steady",
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+        "True",
+    );
+    assert_eq!(
+        n.pod_path("steady", "{.status.containerStatuses[0].containerID}"),
+        id
+    );
+    assert_eq!(
+        n.pod_path("steady", "{.status.containerStatuses[0].restartCount}"),
+        "0"
+    );
+    assert_eq!(n.sandboxes("steady").await.len(), 1);
+}
+
+/// berthd with `--kubeconfig file`: it must refuse to start; returns its stderr.
+fn refused(file: &std::path::Path) -> String {
+    let dir = TempDir::new("badkubeconfig");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_berthd"))
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--kubeconfig")
+        .arg(file)
+        .arg("--manifest-dir")
+        .arg(dir.path().join("manifests"))
+        .output()
+        .expect("run berthd");
+    assert!(
+        !out.status.success(),
+        "berthd started with {}",
+        file.display()
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn unusable_kubeconfigs_are_refused_at_start_naming_the_file() {
+    let dir = TempDir::new("kubeconfigs");
+    let missing = dir.path().join("missing.kubeconfig");
+    let err = refused(&missing);
+    assert!(err.contains("missing.kubeconfig"), "{err}");
+
+    let garbage = dir.path().join("garbage.kubeconfig");
+    std::fs::write(&garbage, "{{ not yaml").expect("write");
+    let err = refused(&garbage);
+    assert!(err.contains("garbage.kubeconfig"), "{err}");
+
+    let cluster = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+    let nocreds = dir.path().join("nocreds.kubeconfig");
+    std::fs::write(
+        &nocreds,
+        format!("{cluster}users:\n- name: u\n  user: {{}}\n"),
+    )
+    .expect("write");
+    let err = refused(&nocreds);
+    assert!(
+        err.contains("nocreds.kubeconfig") && err.contains("no usable credentials"),
+        "{err}"
+    );
+
+    let nocert = dir.path().join("nocert.kubeconfig");
+    std::fs::write(
+        &nocert,
+        format!("{cluster}users:\n- name: u\n  user: {{client-certificate: /nonexistent/node.crt, client-key: /nonexistent/node.key}}\n"),
+    )
+    .expect("write");
+    let err = refused(&nocert);
+    assert!(
+        err.contains("nocert.kubeconfig") && err.contains("/nonexistent/node.crt"),
+        "{err}"
+    );
+}
