@@ -3,11 +3,29 @@
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::prelude::*;
 
+/// Libraries whose debug lines are their own wire traffic (every HTTP/2 frame, pool reuse):
+/// kept at info unless the level names them.
+const QUIET_LIBRARIES: [&str; 8] = [
+    "h2",
+    "loona_hpack",
+    "hyper",
+    "hyper_util",
+    "tower",
+    "kube_client",
+    "rustls",
+    "tonic",
+];
+
 /// Installs the global subscriber, writing to stderr.
 pub fn init(level: &str) -> anyhow::Result<()> {
-    let filter: Targets = level
+    let mut filter: Targets = level
         .parse()
         .map_err(|e| anyhow::anyhow!("invalid log level {level:?}: {e}"))?;
+    for lib in QUIET_LIBRARIES {
+        if !level.contains(lib) {
+            filter = filter.with_target(lib, tracing::Level::INFO);
+        }
+    }
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()

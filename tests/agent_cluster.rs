@@ -21,6 +21,8 @@ use kubelet_support::control_plane::ControlPlane;
 /// A node of one Berth agent and its control plane.
 struct AgentNode {
     agent: Agent,
+    /// The pod network (the node is Ready only with one).
+    _net: cni_support::TestNet,
     cp: ControlPlane,
     node: String,
     /// The test's namespace (named after the node).
@@ -41,8 +43,11 @@ impl AgentNode {
             .to_lowercase()
             .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
         let node = format!("agent-{node}");
+        let net = cni_support::TestNet::new("agentnode");
+        net.write("10-test.conflist", &net.standard());
+        net.bridge_up();
         let cp = ControlPlane::start(&node);
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--kubeconfig",
             &cp.node_kubeconfig().display().to_string(),
             "--node-name",
@@ -57,8 +62,24 @@ impl AgentNode {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(net.daemon_args());
         let agent = Agent::start_with_config(&args, agent_toml);
-        cp.wait_node_ready(&node);
+        let ready = |cp: &ControlPlane| {
+            cp.jsonpath(
+                &["node", &node],
+                "{.status.conditions[?(@.type==\"Ready\")].status}",
+            ) == "True"
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !ready(&cp) {
+            assert!(
+                Instant::now() < deadline,
+                "node {node} not Ready in 90 s:\n{}\nnode: {}",
+                tail(&agent.daemon.log(), 60),
+                cp.kubectl(&["get", "node", &node, "-o", "yaml"]).1
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
         cp.kubectl_ok(&["create", "namespace", &node]);
         cp.wait(
             "the namespace's service account",
@@ -70,6 +91,7 @@ impl AgentNode {
         );
         Self {
             agent,
+            _net: net,
             cp,
             ns: node.clone(),
             node,
@@ -361,4 +383,140 @@ fn unusable_kubeconfigs_are_refused_at_start_naming_the_file() {
         err.contains("nocert.kubeconfig") && err.contains("/nonexistent/node.crt"),
         "{err}"
     );
+}
+
+/// ExecSync of `cmd` in the container whose API containerID is `id`: stdout.
+async fn exec(n: &AgentNode, id: &str, cmd: &[&str]) -> String {
+    let c = n.agent.daemon.client().await;
+    let r = c
+        .runtime()
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.trim_start_matches("berth://").to_string(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn config_maps_secrets_and_tokens_reach_volumes_and_env_and_follow_updates() {
+    let n = AgentNode::start("volume_refresh_secs = 1.0\n");
+    let ns = n.ns.as_str();
+    n.cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "configmap",
+        "cfg",
+        "--from-literal=greeting=hello",
+        "--from-literal=color=blue",
+    ]);
+    n.cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "secret",
+        "generic",
+        "sec",
+        "--from-literal=password=s3cret",
+    ]);
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: objects\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'while true; do sleep 1; done']\n    env:\n    - {{name: GREETING, valueFrom: {{configMapKeyRef: {{name: cfg, key: greeting}}}}}}\n    - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: sec, key: password}}}}}}\n    - {{name: ABSENT, valueFrom: {{configMapKeyRef: {{name: nope, key: k, optional: true}}}}}}\n    envFrom:\n    - {{prefix: CFG_, configMapRef: {{name: cfg}}}}\n    volumeMounts:\n    - {{name: cfgvol, mountPath: /etc/cfg}}\n    - {{name: secvol, mountPath: /etc/sec}}\n    - {{name: tokvol, mountPath: /var/run/secrets/tokens}}\n  volumes:\n  - name: cfgvol\n    configMap: {{name: cfg, items: [{{key: greeting, path: hello.txt}}]}}\n  - name: secvol\n    secret: {{secretName: sec, defaultMode: 0400}}\n  - name: tokvol\n    projected:\n      sources:\n      - serviceAccountToken: {{path: token, audience: 'https://kubernetes.default.svc', expirationSeconds: 600}}\n      - configMap: {{name: cfg, items: [{{key: color, path: color}}]}}\n",
+        node = n.node,
+        image = image("busybox:latest"),
+    ));
+    n.wait_pod("Running", "objects", "{.status.phase}", "Running");
+    let id = n.pod_path("objects", "{.status.containerStatuses[0].containerID}");
+    let env = exec(&n, &id, &["env"]).await;
+    for want in [
+        "GREETING=hello",
+        "PASSWORD=s3cret",
+        "CFG_greeting=hello",
+        "CFG_color=blue",
+    ] {
+        assert!(env.lines().any(|l| l == want), "{want} not in\n{env}");
+    }
+    assert!(!env.contains("ABSENT="), "{env}");
+    assert_eq!(exec(&n, &id, &["cat", "/etc/cfg/hello.txt"]).await, "hello");
+    assert_eq!(exec(&n, &id, &["cat", "/etc/sec/password"]).await, "s3cret");
+    assert_eq!(
+        exec(&n, &id, &["stat", "-L", "-c", "%a", "/etc/sec/password"])
+            .await
+            .trim(),
+        "400"
+    );
+    assert_eq!(
+        exec(&n, &id, &["cat", "/var/run/secrets/tokens/color"]).await,
+        "blue"
+    );
+    // The secret lives on a tmpfs, never on the node's disk.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        mountinfo
+            .lines()
+            .any(|l| l.contains("kubernetes.io~secret/secvol") && l.contains("tmpfs")),
+        "the secret volume is not a tmpfs"
+    );
+    // The projected token authenticates against the API server.
+    let token = exec(&n, &id, &["cat", "/var/run/secrets/tokens/token"]).await;
+    let (ok, out, err) = kubelet_support::run_for(
+        std::process::Command::new(kubelet_support::kube_bin("BERTH_TEST_KUBECTL")).args([
+            "--kubeconfig=/dev/null",
+            &format!("--server=https://127.0.0.1:{}", n.cp.api_port),
+            &format!("--certificate-authority={}", n.cp.ca().display()),
+            &format!("--token={token}"),
+            "auth",
+            "can-i",
+            "get",
+            "pods",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !err.contains("Unauthorized") && (ok || out.trim() == "no"),
+        "the token did not authenticate: {out}{err}"
+    );
+    // An update reaches the files in place; the container is not restarted.
+    n.cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "cfg",
+        "-p",
+        r#"{"data":{"greeting":"bonjour"}}"#,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while exec(&n, &id, &["cat", "/etc/cfg/hello.txt"]).await != "bonjour" {
+        assert!(
+            Instant::now() < deadline,
+            "the configMap update never reached the volume"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        n.pod_path("objects", "{.status.containerStatuses[0].restartCount}"),
+        "0"
+    );
+
+    // A missing configMap in env: the container waits with CreateContainerConfigError.
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: missing\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '1000']\n    env:\n    - {{name: X, valueFrom: {{configMapKeyRef: {{name: nope, key: k}}}}}}\n",
+        node = n.node,
+        image = image("busybox:latest"),
+    ));
+    n.wait_pod(
+        "CreateContainerConfigError",
+        "missing",
+        "{.status.containerStatuses[0].state.waiting.reason}",
+        "CreateContainerConfigError",
+    );
+    let message = n.pod_path(
+        "missing",
+        "{.status.containerStatuses[0].state.waiting.message}",
+    );
+    assert!(message.contains("\"nope\" not found"), "{message}");
 }

@@ -49,6 +49,9 @@ pub struct AgentConfig {
     pub node_ip: Option<String>,
     /// Whether the agent creates its Node (false: an admin made it; the agent adopts it).
     pub register_node: bool,
+    /// Seconds between two reads of the configMaps, secrets and tokens behind a pod's volumes
+    /// (a change reaches the files within this time, without a container restart).
+    pub volume_refresh_secs: f64,
     /// Resources kept for the system (`cpu`, `memory`, `ephemeral-storage`, `pid`), as quantities.
     pub system_reserved: BTreeMap<String, String>,
     /// Resources kept for the node's Kubernetes daemons (same keys).
@@ -200,6 +203,7 @@ impl Default for AgentConfig {
             register_with_taints: Vec::new(),
             node_ip: None,
             register_node: true,
+            volume_refresh_secs: 60.0,
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             eviction_hard: default_eviction_hard(),
@@ -251,6 +255,7 @@ impl AgentConfig {
                 "agent.node_lease_duration_secs",
                 self.node_lease_duration_secs,
             ),
+            ("agent.volume_refresh_secs", self.volume_refresh_secs),
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {

@@ -70,6 +70,8 @@ pub struct AgentContext {
     pub backoff: BackoffPolicy,
     /// Time between two syncs of a pod.
     pub sync_period: Duration,
+    /// Time between two reads of the API objects behind a pod's volumes.
+    pub volume_refresh: Duration,
     /// Pods and manifest errors, for the status endpoint.
     pub pods: PodRegistry,
     /// The shared relist of sandboxes and containers.
@@ -86,6 +88,8 @@ pub struct AgentContext {
     pub gc: gc::Counters,
     /// The node's swap and the configured swap behaviour (for container configs).
     pub swap: runtime::resources::NodeSwap,
+    /// The API server the node belongs to (None: pods from files only).
+    pub cluster: Option<Arc<cluster::Cluster>>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -135,6 +139,7 @@ pub async fn start(
             reset_after: Duration::from_secs_f64(cfg.backoff_reset_secs),
         },
         sync_period: Duration::from_millis(cfg.sync_period_ms),
+        volume_refresh: Duration::from_secs_f64(cfg.volume_refresh_secs),
         pods: PodRegistry::default(),
         relist: Default::default(),
         terminations: Default::default(),
@@ -145,6 +150,7 @@ pub async fn start(
         swap: runtime::resources::detect_node_swap(runtime::resources::SwapBehavior::from_name(
             &cfg.memory_swap_behavior,
         )),
+        cluster: cluster.clone(),
     });
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),

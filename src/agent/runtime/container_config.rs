@@ -7,6 +7,7 @@ use super::labels;
 use super::resources;
 use crate::agent::pods::terminate;
 use crate::agent::volumes::downward::{self, NodeAllocatable};
+use crate::agent::volumes::objects::{EnvObjects, Kind};
 
 /// What a container config needs beyond the pod and the container.
 pub struct ContainerContext<'a> {
@@ -24,6 +25,9 @@ pub struct ContainerContext<'a> {
     pub image: &'a str,
     /// The node's swap and the configured swap behaviour.
     pub swap: &'a resources::NodeSwap,
+    /// The configMaps and secrets env and envFrom name, read from the API server (None on a
+    /// node without one: such values are refused).
+    pub objects: Option<&'a EnvObjects>,
 }
 
 /// The config for restart number `restart_count` of container `c` in `pod`; an env value that
@@ -40,18 +44,48 @@ pub fn container_config(
     let sc = c.security_context.clone().unwrap_or_default();
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
-    let mut envs = Vec::new();
+    let mut envs: Vec<cri::KeyValue> = Vec::new();
+    let set = |envs: &mut Vec<cri::KeyValue>, key: String, value: String| {
+        envs.retain(|kv| kv.key != key);
+        envs.push(cri::KeyValue { key, value });
+    };
+    for from in c.env_from.iter().flatten() {
+        let prefix = from.prefix.clone().unwrap_or_default();
+        let source = match (&from.config_map_ref, &from.secret_ref) {
+            (Some(r), _) => Some((Kind::ConfigMap, r.name.as_str(), r.optional)),
+            (None, Some(r)) => Some((Kind::Secret, r.name.as_str(), r.optional)),
+            (None, None) => None,
+        };
+        let Some((kind, name, optional)) = source else {
+            continue;
+        };
+        let objects = ctx.objects.ok_or_else(|| no_api(kind))?;
+        for (k, v) in objects.all(kind, name, optional.unwrap_or(false))? {
+            let key = format!("{prefix}{k}");
+            // Keys that are not env names are skipped, as the kubelet skips them.
+            if !key.is_empty() && !key.contains('=') && !key.contains('\0') {
+                set(&mut envs, key, v);
+            }
+        }
+    }
     for e in c.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
-            (Some(v), _) => expand(v, c, pod),
-            (None, Some(from)) => downward_env(from, pod, c, ctx)
-                .map_err(|why| format!("couldn't find key for env {:?}: {why}", e.name))?,
-            (None, None) => String::new(),
+            (Some(v), _) => Some(expand(v, c, pod)),
+            (None, Some(from)) => match object_key(from) {
+                Some((kind, name, key, optional)) => ctx
+                    .objects
+                    .ok_or_else(|| no_api(kind))?
+                    .value(kind, name, key, optional)?,
+                None => Some(
+                    downward_env(from, pod, c, ctx)
+                        .map_err(|why| format!("couldn't find key for env {:?}: {why}", e.name))?,
+                ),
+            },
+            (None, None) => Some(String::new()),
         };
-        envs.push(cri::KeyValue {
-            key: e.name.clone(),
-            value,
-        });
+        if let Some(value) = value {
+            set(&mut envs, e.name.clone(), value);
+        }
     }
     Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
@@ -196,9 +230,35 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
     out
 }
 
-/// An env value from the downward API (fieldRef or resourceFieldRef). Secrets and config maps
-/// need an API server, which a node without a cluster does not have: refused, as the kubelet
-/// refuses a missing one (CreateContainerConfigError).
+/// The configMap or secret key an env value names: kind, object, key, optional.
+fn object_key(from: &EnvVarSource) -> Option<(Kind, &str, &str, bool)> {
+    if let Some(r) = &from.config_map_key_ref {
+        return Some((
+            Kind::ConfigMap,
+            r.name.as_str(),
+            r.key.as_str(),
+            r.optional.unwrap_or(false),
+        ));
+    }
+    from.secret_key_ref.as_ref().map(|r| {
+        (
+            Kind::Secret,
+            r.name.as_str(),
+            r.key.as_str(),
+            r.optional.unwrap_or(false),
+        )
+    })
+}
+
+/// Why a configMap or secret value cannot be had on a node without an API server.
+fn no_api(kind: Kind) -> String {
+    match kind {
+        Kind::ConfigMap => "config maps need an API server; this node has none".into(),
+        Kind::Secret => "secrets need an API server; this node has none".into(),
+    }
+}
+
+/// An env value from the downward API (fieldRef or resourceFieldRef).
 fn downward_env(
     from: &EnvVarSource,
     pod: &Pod,
@@ -215,10 +275,6 @@ fn downward_env(
         // The node's root filesystem stands for its ephemeral storage.
         let node = NodeAllocatable::of_this_node(ctx.memory_capacity, std::path::Path::new("/"));
         target.and_then(|t| downward::resource_value(t, sel, &node))
-    } else if from.secret_key_ref.is_some() {
-        Err("secrets need an API server; this node has none".into())
-    } else if from.config_map_key_ref.is_some() {
-        Err("config maps need an API server; this node has none".into())
     } else {
         Err("valueFrom names no source".into())
     }
@@ -288,6 +344,7 @@ mod tests {
                 controller: true,
                 cgroup_v2: false,
             },
+            objects: None,
         };
         let cfg = container_config(&pod, c, 3, &ctx).expect("config");
         assert_eq!(cfg.metadata.as_ref().map(|m| m.attempt), Some(3));

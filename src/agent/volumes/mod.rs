@@ -1,9 +1,13 @@
 //! Pod volumes the agent provides on the node: emptyDir (a directory under the pod's directory,
 //! or a tmpfs for the Memory medium, sized by sizeLimit), hostPath (with its type checks),
 //! downwardAPI (and projected volumes of downwardAPI sources: files written under the pod's
-//! directory, mounted read-only), and the CRI mounts of each container's volumeMounts.
+//! directory, mounted read-only), volumes of API objects (configMap, secret, projected: read by
+//! `objects`, written by `atomic`, secrets and tokens on a tmpfs), and the CRI mounts of each
+//! container's volumeMounts.
 
+pub mod atomic;
 pub mod downward;
+pub mod objects;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -88,8 +92,57 @@ impl PreparedVolumes {
     }
 }
 
-/// Makes the pod's volumes ready (downward API files written afresh); returns where each is.
-pub fn prepare(pod: &Pod, pod_dir: &Path) -> Result<PreparedVolumes, String> {
+/// The files of the pod's volumes of API objects, by volume name, with whether each belongs on
+/// a tmpfs.
+pub type ApiVolumeFiles = HashMap<String, (Vec<atomic::VolumeFile>, bool)>;
+
+/// Directory of volume `name` of API objects of kind `kind` (`secret`, `configmap`,
+/// `projected`) of the pod whose directory is `pod_dir`.
+fn object_dir_path(pod_dir: &Path, kind: &str, name: &str) -> PathBuf {
+    pod_dir
+        .join(format!("volumes/kubernetes.io~{kind}"))
+        .join(name)
+}
+
+/// The kind directory of volume `v` of API objects.
+fn object_kind(v: &Volume) -> &'static str {
+    if v.secret.is_some() {
+        "secret"
+    } else if v.config_map.is_some() {
+        "configmap"
+    } else {
+        "projected"
+    }
+}
+
+/// Writes (or refreshes) volume `v` of API objects with `files`: a tmpfs first when `tmpfs`
+/// (secrets never reach the disk), then the atomic writer; returns its directory.
+pub fn write_object_volume(
+    pod_dir: &Path,
+    v: &Volume,
+    files: &[atomic::VolumeFile],
+    tmpfs: bool,
+) -> Result<PathBuf, String> {
+    let dir = object_dir_path(pod_dir, object_kind(v), &v.name);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("volume {:?}: creating {}: {e}", v.name, dir.display()))?;
+    if tmpfs && !is_mount_point(&dir) {
+        rustix::mount::mount(
+            "tmpfs",
+            &dir,
+            "tmpfs",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            c"mode=0755",
+        )
+        .map_err(|e| format!("volume {:?}: mounting tmpfs: {e}", v.name))?;
+    }
+    atomic::write(&dir, files).map_err(|e| format!("volume {:?}: {e}", v.name))?;
+    Ok(dir)
+}
+
+/// Makes the pod's volumes ready (downward API files written afresh, volumes of API objects
+/// from `api`); returns where each is.
+pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<PreparedVolumes, String> {
     let mut prepared = PreparedVolumes::default();
     let volumes = pod
         .spec
@@ -98,7 +151,9 @@ pub fn prepare(pod: &Pod, pod_dir: &Path) -> Result<PreparedVolumes, String> {
         .unwrap_or_default();
     let mut node: Option<NodeAllocatable> = None;
     for v in volumes {
-        let (path, read_only) = if let Some(ed) = &v.empty_dir {
+        let (path, read_only) = if let Some((files, tmpfs)) = api.get(&v.name) {
+            (write_object_volume(pod_dir, &v, files, *tmpfs)?, true)
+        } else if let Some(ed) = &v.empty_dir {
             (prepare_empty_dir(pod_dir, &v.name, ed)?, false)
         } else if let Some(hp) = &v.host_path {
             let path = PathBuf::from(&hp.path);
@@ -271,16 +326,24 @@ pub fn mounts(c: &Container, volumes: &PreparedVolumes) -> Result<Vec<cri::Mount
     Ok(out)
 }
 
-/// Unmounts the pod's memory-backed (tmpfs) emptyDir volumes, freeing their pages; the
-/// directories stay. A later [`prepare`] mounts a fresh, empty tmpfs again.
+/// Unmounts the pod's memory-backed (tmpfs) volumes (emptyDirs of the Memory medium, secrets,
+/// projected volumes), freeing their pages; the directories stay. A later [`prepare`] mounts a
+/// fresh, empty tmpfs again.
 pub fn unmount_memory_volumes(pod_dir: &Path) {
-    if let Ok(rd) = std::fs::read_dir(pod_dir.join("volumes/empty-dir")) {
+    for kind in [
+        "empty-dir",
+        "kubernetes.io~secret",
+        "kubernetes.io~projected",
+    ] {
+        let Ok(rd) = std::fs::read_dir(pod_dir.join("volumes").join(kind)) else {
+            continue;
+        };
         for e in rd.flatten() {
             if is_mount_point(&e.path())
                 && let Err(err) =
                     rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH)
             {
-                tracing::warn!(dir = %e.path().display(), error = %err, "unmounting an emptyDir");
+                tracing::warn!(dir = %e.path().display(), error = %err, "unmounting a volume");
             }
         }
     }
@@ -395,7 +458,7 @@ mod tests {
         }))
         .expect("pod");
         let pod_dir = std::env::temp_dir().join(format!("berth-volumes-{}", std::process::id()));
-        let volumes = prepare(&pod, &pod_dir).expect("prepare");
+        let volumes = prepare(&pod, &pod_dir, &ApiVolumeFiles::new()).expect("prepare");
         let info = volumes.path("info").expect("info").to_path_buf();
         let read = |p: PathBuf| std::fs::read_to_string(p).expect("read");
         assert_eq!(read(info.join("name")), "p");

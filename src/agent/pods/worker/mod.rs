@@ -22,7 +22,9 @@ use crate::agent::runtime::container_config::{ContainerContext, container_config
 use crate::agent::runtime::labels;
 use crate::agent::runtime::sandbox_config::{log_directory, sandbox_config};
 use crate::agent::sources::manifest::DesiredPod;
-use crate::agent::volumes::PreparedVolumes;
+use crate::agent::volumes::downward::NodeAllocatable;
+use crate::agent::volumes::objects::ApiObjects;
+use crate::agent::volumes::{ApiVolumeFiles, PreparedVolumes};
 
 /// Probes of one running container instance.
 struct Probes {
@@ -81,6 +83,10 @@ pub struct PodWorker {
     /// The pod was ended for good before its manifest was (evicted, refused, node shutdown):
     /// reason and message of its Failed phase.
     ended: Option<(String, String)>,
+    /// Reads of the API server for the pod's volumes and env (None without one).
+    api: Option<ApiObjects>,
+    /// When the volumes of API objects were last written.
+    volumes_refreshed: Instant,
 }
 
 /// What a pod's source asks of its worker.
@@ -99,6 +105,7 @@ impl PodWorker {
     /// A worker for `desired` (nothing runs until [`PodWorker::run`]).
     pub fn new(desired: DesiredPod, ctx: Arc<AgentContext>) -> Self {
         let policy = ctx.backoff;
+        let ctx_cluster = ctx.cluster.clone();
         Self {
             desired,
             ctx,
@@ -124,6 +131,8 @@ impl PodWorker {
             ip_known: false,
             admitted: false,
             ended: None,
+            api: ctx_cluster.map(ApiObjects::new),
+            volumes_refreshed: Instant::now(),
         }
     }
 
@@ -286,6 +295,7 @@ impl PodWorker {
 
     async fn sync(&mut self) -> Result<(), String> {
         self.ensure_sandbox().await?;
+        self.refresh_volumes().await;
         if self.ended.is_some() {
             return Ok(());
         }
@@ -628,6 +638,18 @@ impl PodWorker {
         } else {
             self.pod_ip.clone()
         };
+        let objects = match &self.api {
+            Some(api) => match api.env_objects(&self.desired.pod, &[c]).await {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "reading env objects");
+                    self.set_waiting(&c.name, "CreateContainerConfigError", e);
+                    self.create_failed.insert(c.name.clone(), now);
+                    return;
+                }
+            },
+            None => None,
+        };
         let cctx = ContainerContext {
             qos,
             memory_capacity: self.ctx.node.memory_bytes as f64,
@@ -636,6 +658,7 @@ impl PodWorker {
             node_name: &self.ctx.node.name,
             image: &image,
             swap: &self.ctx.swap,
+            objects: objects.as_ref(),
         };
         let mut config = match container_config(self.pod(), c, restart_count, &cctx) {
             Ok(config) => config,
@@ -648,6 +671,7 @@ impl PodWorker {
         };
         let mounts = self
             .prepared_volumes()
+            .await
             .and_then(|paths| crate::agent::volumes::mounts(c, paths));
         match mounts {
             Ok(m) => config.mounts = m,
@@ -734,15 +758,68 @@ impl PodWorker {
 
     /// The pod's volumes, made ready on first use for the current sandbox and kept (a failure
     /// is not kept: the next container start tries again).
-    fn prepared_volumes(&mut self) -> Result<&PreparedVolumes, String> {
+    async fn prepared_volumes(&mut self) -> Result<&PreparedVolumes, String> {
         let prepared = match self.volumes.take() {
             Some(v) => v,
             None => {
                 let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
-                crate::agent::volumes::prepare(self.pod(), &pod_dir)?
+                let api = self.api_volume_files().await?;
+                let v = crate::agent::volumes::prepare(self.pod(), &pod_dir, &api)?;
+                self.volumes_refreshed = Instant::now();
+                v
             }
         };
         Ok(self.volumes.insert(prepared))
+    }
+
+    /// The files of the pod's volumes of API objects, read now.
+    async fn api_volume_files(&mut self) -> Result<ApiVolumeFiles, String> {
+        let mut out = ApiVolumeFiles::new();
+        let Some(api) = self.api.as_mut() else {
+            return Ok(out);
+        };
+        let pod = &self.desired.pod;
+        let volumes = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
+        let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
+        let mut node = None;
+        for v in &volumes {
+            let node = node.get_or_insert_with(|| NodeAllocatable::detect(&pod_dir));
+            if let Some(files) = api.volume_files(pod, v, node).await? {
+                out.insert(v.name.clone(), files);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes the volumes of API objects again when the refresh period passed (the containers
+    /// see the new files through the `..data` swap, without a restart).
+    async fn refresh_volumes(&mut self) {
+        if self.volumes.is_none()
+            || self.api.is_none()
+            || self.volumes_refreshed.elapsed() < self.ctx.volume_refresh
+        {
+            return;
+        }
+        self.volumes_refreshed = Instant::now();
+        let files = match self.api_volume_files().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(pod = %self.pod_ref(), error = %e, "refreshing volumes");
+                return;
+            }
+        };
+        let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
+        for v in self.spec().volumes.iter().flatten() {
+            if let Some((f, tmpfs)) = files.get(&v.name)
+                && let Err(e) = crate::agent::volumes::write_object_volume(&pod_dir, v, f, *tmpfs)
+            {
+                tracing::warn!(pod = %self.pod_ref(), error = %e, "refreshing a volume");
+            }
+        }
     }
 
     /// A container created but never started (a start that failed): remove it and retry later.

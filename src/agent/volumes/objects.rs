@@ -1,0 +1,431 @@
+//! Volumes and env values from API objects: configMap and secret volumes (items, defaultMode,
+//! optional), projected volumes (configMap, secret, downwardAPI and serviceAccountToken sources,
+//! tokens from the TokenRequest API refreshed before 80 % of their life), and the configMap and
+//! secret keys that env and envFrom name. Read from the API server each time the pod's volumes
+//! are refreshed; what the node authorizer lets a node read is exactly these.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, KeyToPath, Pod, Secret, ServiceAccount, Volume, VolumeProjection,
+};
+use kube::api::{Api, PostParams};
+
+use super::atomic::VolumeFile;
+use super::downward::{self, NodeAllocatable};
+use crate::agent::cluster::Cluster;
+
+/// Mode of a volume file without one (the API's default for these volumes).
+const DEFAULT_MODE: i32 = 0o644;
+
+/// Life of a service-account token without an expirationSeconds (the API's default).
+const DEFAULT_TOKEN_SECS: i64 = 3600;
+
+/// The keys of a configMap or secret (values as bytes), None when it does not exist.
+type Keys = Option<BTreeMap<String, Vec<u8>>>;
+
+/// An object's kind, for messages and the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ConfigMap,
+    Secret,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "configmap",
+            Kind::Secret => "secret",
+        }
+    }
+}
+
+struct Token {
+    token: String,
+    renew_at: Instant,
+}
+
+/// A pod's reads of the API server, with its service-account tokens kept until they are due.
+pub struct ApiObjects {
+    cluster: Arc<Cluster>,
+    tokens: HashMap<(String, String), Token>,
+}
+
+impl ApiObjects {
+    /// Reads for pods of `cluster`.
+    pub fn new(cluster: Arc<Cluster>) -> Self {
+        Self {
+            cluster,
+            tokens: HashMap::new(),
+        }
+    }
+
+    async fn keys(&self, ns: &str, kind: Kind, name: &str) -> Result<Keys, String> {
+        let client = self.cluster.client.clone();
+        let what = format!("{} {name:?}", kind.name());
+        let found = match kind {
+            Kind::ConfigMap => Api::<ConfigMap>::namespaced(client, ns)
+                .get_opt(name)
+                .await
+                .map(|o| {
+                    o.map(|cm| {
+                        let mut keys: BTreeMap<String, Vec<u8>> = cm
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_bytes()))
+                            .collect();
+                        for (k, v) in cm.binary_data.unwrap_or_default() {
+                            keys.insert(k, v.0);
+                        }
+                        keys
+                    })
+                }),
+            Kind::Secret => Api::<Secret>::namespaced(client, ns)
+                .get_opt(name)
+                .await
+                .map(|o| {
+                    o.map(|s| {
+                        s.data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0))
+                            .collect()
+                    })
+                }),
+        };
+        found.map_err(|e| format!("{what}: {e}"))
+    }
+
+    /// The values env and envFrom of `containers` name, by kind and object (None: the object
+    /// does not exist).
+    pub async fn env_objects(
+        &self,
+        pod: &Pod,
+        containers: &[&Container],
+    ) -> Result<EnvObjects, String> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let mut wanted = Vec::new();
+        for c in containers {
+            for e in c.env_from.iter().flatten() {
+                if let Some(r) = &e.config_map_ref {
+                    wanted.push((Kind::ConfigMap, r.name.clone()));
+                }
+                if let Some(r) = &e.secret_ref {
+                    wanted.push((Kind::Secret, r.name.clone()));
+                }
+            }
+            for e in c.env.iter().flatten() {
+                let Some(from) = &e.value_from else { continue };
+                if let Some(r) = &from.config_map_key_ref {
+                    wanted.push((Kind::ConfigMap, r.name.clone()));
+                }
+                if let Some(r) = &from.secret_key_ref {
+                    wanted.push((Kind::Secret, r.name.clone()));
+                }
+            }
+        }
+        wanted.sort();
+        wanted.dedup();
+        let mut out = EnvObjects::default();
+        for (kind, name) in wanted {
+            let keys = self.keys(ns, kind, &name).await?;
+            out.objects.insert((kind, name), keys);
+        }
+        Ok(out)
+    }
+
+    /// The files of `v` when it is a volume of API objects (configMap, secret, or projected
+    /// with at least one such source), with whether it belongs on a tmpfs (secrets and tokens
+    /// never touch the disk); None for other kinds.
+    pub async fn volume_files(
+        &mut self,
+        pod: &Pod,
+        v: &Volume,
+        node: &NodeAllocatable,
+    ) -> Result<Option<(Vec<VolumeFile>, bool)>, String> {
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let fail = |e: String| format!("MountVolume.SetUp failed for volume {:?} : {e}", v.name);
+        if let Some(cm) = &v.config_map {
+            let files = self
+                .source_files(
+                    &ns,
+                    Kind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    cm.optional.unwrap_or(false),
+                    cm.default_mode,
+                )
+                .await
+                .map_err(fail)?;
+            return Ok(Some((files, false)));
+        }
+        if let Some(s) = &v.secret {
+            let name = s.secret_name.clone().unwrap_or_default();
+            let files = self
+                .source_files(
+                    &ns,
+                    Kind::Secret,
+                    &name,
+                    s.items.as_deref(),
+                    s.optional.unwrap_or(false),
+                    s.default_mode,
+                )
+                .await
+                .map_err(fail)?;
+            return Ok(Some((files, true)));
+        }
+        let Some(p) = &v.projected else {
+            return Ok(None);
+        };
+        let sources = p.sources.as_deref().unwrap_or_default();
+        if sources.iter().all(only_downward) {
+            return Ok(None);
+        }
+        let mut files = Vec::new();
+        for src in sources {
+            files.extend(
+                self.projection(pod, &ns, src, p.default_mode, node)
+                    .await
+                    .map_err(fail)?,
+            );
+        }
+        Ok(Some((files, true)))
+    }
+
+    async fn projection(
+        &mut self,
+        pod: &Pod,
+        ns: &str,
+        src: &VolumeProjection,
+        default_mode: Option<i32>,
+        node: &NodeAllocatable,
+    ) -> Result<Vec<VolumeFile>, String> {
+        if let Some(cm) = &src.config_map {
+            return self
+                .source_files(
+                    ns,
+                    Kind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    cm.optional.unwrap_or(false),
+                    default_mode,
+                )
+                .await;
+        }
+        if let Some(s) = &src.secret {
+            return self
+                .source_files(
+                    ns,
+                    Kind::Secret,
+                    &s.name,
+                    s.items.as_deref(),
+                    s.optional.unwrap_or(false),
+                    default_mode,
+                )
+                .await;
+        }
+        if let Some(d) = &src.downward_api {
+            let items: Vec<_> = d.items.iter().flatten().cloned().collect();
+            return Ok(downward::files(pod, &items, default_mode, node)?
+                .into_iter()
+                .map(|f| VolumeFile {
+                    path: f.path,
+                    data: f.content.into_bytes(),
+                    mode: f.mode,
+                })
+                .collect());
+        }
+        if let Some(t) = &src.service_account_token {
+            let token = self
+                .token(pod, ns, t.audience.as_deref(), t.expiration_seconds)
+                .await?;
+            return Ok(vec![VolumeFile {
+                path: t.path.clone(),
+                data: token.into_bytes(),
+                mode: mode_of(default_mode, None),
+            }]);
+        }
+        Err("a projected source this node does not know (only configMap, secret, downwardAPI and serviceAccountToken)".into())
+    }
+
+    /// The files of one configMap or secret: every key, or the listed items.
+    async fn source_files(
+        &self,
+        ns: &str,
+        kind: Kind,
+        name: &str,
+        items: Option<&[KeyToPath]>,
+        optional: bool,
+        default_mode: Option<i32>,
+    ) -> Result<Vec<VolumeFile>, String> {
+        let Some(keys) = self.keys(ns, kind, name).await? else {
+            if optional {
+                return Ok(Vec::new());
+            }
+            return Err(format!("{} {name:?} not found", kind.name()));
+        };
+        let mut files = Vec::new();
+        match items {
+            None => {
+                for (k, v) in keys {
+                    files.push(VolumeFile {
+                        path: k,
+                        data: v,
+                        mode: mode_of(default_mode, None),
+                    });
+                }
+            }
+            Some(items) => {
+                for it in items {
+                    match keys.get(&it.key) {
+                        Some(v) => files.push(VolumeFile {
+                            path: it.path.clone(),
+                            data: v.clone(),
+                            mode: mode_of(default_mode, it.mode),
+                        }),
+                        None if optional => {}
+                        None => {
+                            return Err(format!(
+                                "configmap references non-existent config key: {}",
+                                it.key
+                            )
+                            .replace("configmap", kind.name()));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// A token of the pod's service account for `audience`, bound to the pod: the one held
+    /// until 80 % of its life has passed, then a new one.
+    async fn token(
+        &mut self,
+        pod: &Pod,
+        ns: &str,
+        audience: Option<&str>,
+        expiration: Option<i64>,
+    ) -> Result<String, String> {
+        let sa = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let key = (sa.clone(), audience.unwrap_or_default().to_string());
+        if let Some(t) = self.tokens.get(&key)
+            && Instant::now() < t.renew_at
+        {
+            return Ok(t.token.clone());
+        }
+        let secs = expiration.unwrap_or(DEFAULT_TOKEN_SECS).max(600);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: audience
+                    .filter(|a| !a.is_empty())
+                    .map(|a| vec![a.to_string()]),
+                expiration_seconds: Some(secs),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api: Api<ServiceAccount> = Api::namespaced(self.cluster.client.clone(), ns);
+        let answer: TokenRequest = api
+            .create_subresource("token", &sa, &PostParams::default(), &request)
+            .await
+            .map_err(|e| format!("requesting a token of service account {sa:?}: {e}"))?;
+        let token = answer.status.and_then(|s| s.token).ok_or_else(|| {
+            format!("the token request of service account {sa:?} returned no token")
+        })?;
+        let life = Duration::from_secs(secs as u64);
+        self.tokens.insert(
+            key,
+            Token {
+                token: token.clone(),
+                renew_at: Instant::now() + life.mul_f64(0.8),
+            },
+        );
+        Ok(token)
+    }
+}
+
+/// Whether a projected source is nothing but downwardAPI (written without the API server).
+fn only_downward(source: &VolumeProjection) -> bool {
+    source.downward_api.as_ref().is_some_and(|d| {
+        *source
+            == VolumeProjection {
+                downward_api: Some(d.clone()),
+                ..Default::default()
+            }
+    })
+}
+
+fn mode_of(default_mode: Option<i32>, item: Option<i32>) -> u32 {
+    (item.or(default_mode).unwrap_or(DEFAULT_MODE) & 0o7777) as u32
+}
+
+/// The configMaps and secrets the env of a pod's containers names.
+#[derive(Debug, Default, Clone)]
+pub struct EnvObjects {
+    objects: BTreeMap<(Kind, String), Keys>,
+}
+
+impl EnvObjects {
+    /// Key `key` of object `name`: Err with the kubelet's message when the object or key is
+    /// missing and not optional, Ok(None) when it is optional and missing.
+    pub fn value(
+        &self,
+        kind: Kind,
+        name: &str,
+        key: &str,
+        optional: bool,
+    ) -> Result<Option<String>, String> {
+        match self.objects.get(&(kind, name.to_string())) {
+            Some(Some(keys)) => match keys.get(key) {
+                Some(v) => Ok(Some(String::from_utf8_lossy(v).into_owned())),
+                None if optional => Ok(None),
+                None => Err(format!(
+                    "couldn't find key {key} in {} {name}",
+                    match kind {
+                        Kind::ConfigMap => "ConfigMap",
+                        Kind::Secret => "Secret",
+                    }
+                )),
+            },
+            _ if optional => Ok(None),
+            _ => Err(format!("{} {name:?} not found", kind.name())),
+        }
+    }
+
+    /// Every key of object `name` (envFrom): empty when it is optional and missing.
+    pub fn all(
+        &self,
+        kind: Kind,
+        name: &str,
+        optional: bool,
+    ) -> Result<BTreeMap<String, String>, String> {
+        match self.objects.get(&(kind, name.to_string())) {
+            Some(Some(keys)) => Ok(keys
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect()),
+            _ if optional => Ok(BTreeMap::new()),
+            _ => Err(format!("{} {name:?} not found", kind.name())),
+        }
+    }
+}
