@@ -520,3 +520,59 @@ async fn config_maps_secrets_and_tokens_reach_volumes_and_env_and_follow_updates
     );
     assert!(message.contains("\"nope\" not found"), "{message}");
 }
+
+#[tokio::test]
+async fn static_pods_get_mirror_pods_made_again_when_deleted_and_gone_with_the_manifest() {
+    let n = AgentNode::start("");
+    let yaml = agent_support::pod_yaml("static", "while true; do sleep 1; done", "", "").replace(
+        "metadata:\n",
+        &format!("metadata:\n  namespace: {}\n", n.ns),
+    );
+    n.agent.write("static.yaml", &yaml);
+    let name = format!("static-{}", n.node);
+    n.wait_pod("mirror Running", &name, "{.status.phase}", "Running");
+    assert!(
+        !n.pod_path(
+            &name,
+            "{.metadata.annotations.kubernetes\\.io/config\\.mirror}"
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        n.pod_path(
+            &name,
+            "{.metadata.annotations.kubernetes\\.io/config\\.source}"
+        ),
+        "file"
+    );
+    assert_eq!(
+        n.pod_path(&name, "{.metadata.ownerReferences[0].kind}"),
+        "Node"
+    );
+    assert_eq!(n.pod_path(&name, "{.spec.nodeName}"), n.node);
+    n.wait_pod(
+        "mirror Ready",
+        &name,
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+        "True",
+    );
+    let id = n.pod_path(&name, "{.status.containerStatuses[0].containerID}");
+    // Deleting the mirror pod does not stop the static pod; the mirror comes back.
+    let first_uid = n.pod_path(&name, "{.metadata.uid}");
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", &name, "--wait=false"]);
+    n.cp.wait("the mirror pod made again", Duration::from_secs(30), |_| {
+        let uid = n.pod_path(&name, "{.metadata.uid}");
+        !uid.is_empty() && uid != first_uid
+    });
+    n.wait_pod("mirror Running again", &name, "{.status.phase}", "Running");
+    assert_eq!(
+        n.pod_path(&name, "{.status.containerStatuses[0].containerID}"),
+        id
+    );
+    // The manifest goes: so do the pod and its mirror.
+    std::fs::remove_file(n.agent.manifest("static.yaml")).expect("remove manifest");
+    n.cp.wait("the mirror pod gone", Duration::from_secs(30), |cp| {
+        !cp.kubectl(&["-n", &n.ns, "get", "pod", &name]).0
+    });
+    n.agent.finish().await;
+}

@@ -224,6 +224,7 @@ pub async fn start(
     let pods = pods::manager::PodManager::new(ctx.clone(), cluster.clone());
     if let Some(cluster) = &cluster {
         tokio::spawn(sources::api::run(cluster.clone(), pods.clone()));
+        tokio::spawn(pods::mirror::run(cluster.clone(), pods.clone()));
         tokio::spawn(pods::status_manager::run(
             cluster.clone(),
             ctx.clone(),

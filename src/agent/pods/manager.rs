@@ -39,6 +39,8 @@ struct State {
     sets: HashMap<Source, BTreeMap<PodKey, DesiredPod>>,
     workers: HashMap<PodKey, Running>,
     orphans_removed: bool,
+    /// The mirror pods the API server holds for this node, by key.
+    mirrors: BTreeMap<PodKey, Pod>,
 }
 
 /// The pod set and its workers.
@@ -46,6 +48,10 @@ pub struct PodManager {
     ctx: Arc<AgentContext>,
     cluster: Option<Arc<Cluster>>,
     state: Mutex<State>,
+    /// Wakes the mirror pod task when static pods or mirror pods change.
+    mirrors_changed: tokio::sync::Notify,
+    /// Counts changes of where pod status goes (new pods, new mirror pods).
+    targets: watch::Sender<u64>,
 }
 
 impl PodManager {
@@ -55,26 +61,83 @@ impl PodManager {
             ctx,
             cluster,
             state: Mutex::new(State::default()),
+            mirrors_changed: tokio::sync::Notify::new(),
+            targets: watch::channel(0).0,
         })
+    }
+
+    /// The API server's mirror pods of this node now.
+    pub fn set_mirrors(&self, mirrors: BTreeMap<PodKey, Pod>) {
+        if let Ok(mut st) = self.state.lock() {
+            st.mirrors = mirrors;
+        }
+        self.mirrors_changed.notify_one();
+        self.targets.send_modify(|n| *n += 1);
+    }
+
+    /// The static pods and the mirror pods, for the mirror pod task.
+    pub fn static_and_mirrors(&self) -> (BTreeMap<PodKey, DesiredPod>, BTreeMap<PodKey, Pod>) {
+        self.state
+            .lock()
+            .map(|st| {
+                (
+                    st.sets.get(&Source::File).cloned().unwrap_or_default(),
+                    st.mirrors.clone(),
+                )
+            })
+            .unwrap_or_default()
+    }
+
+    /// Resolves when static pods or mirror pods changed.
+    pub async fn mirrors_changed(&self) {
+        self.mirrors_changed.notified().await;
     }
 
     /// `source` now asks for `pods` (all it asks for).
     pub fn set(self: &Arc<Self>, source: Source, pods: BTreeMap<PodKey, DesiredPod>) {
-        if let Ok(mut st) = self.state.lock() {
-            st.sets.insert(source, pods);
+        let static_changed = match self.state.lock() {
+            Ok(mut st) => {
+                let changed = source == Source::File
+                    && st.sets.get(&source).is_none_or(|old| {
+                        old.len() != pods.len()
+                            || old
+                                .iter()
+                                .zip(pods.iter())
+                                .any(|((k1, a), (k2, b))| k1 != k2 || a.hash != b.hash)
+                    });
+                st.sets.insert(source, pods);
+                changed
+            }
+            Err(_) => false,
+        };
+        if static_changed {
+            self.mirrors_changed.notify_one();
         }
         self.reconcile();
     }
 
-    /// The UIDs of the API server's pods that run here (their status goes back there).
-    pub fn api_uids(&self) -> HashSet<String> {
+    /// A receiver that sees each change of [`PodManager::status_targets`].
+    pub fn subscribe_targets(&self) -> watch::Receiver<u64> {
+        self.targets.subscribe()
+    }
+
+    /// Where the status of each running pod goes in the API server, by the pod's UID: the
+    /// same UID for the API server's pods, the mirror pod's for a static pod that has one.
+    pub fn status_targets(&self) -> HashMap<String, String> {
         self.state
             .lock()
             .map(|st| {
                 st.workers
-                    .values()
-                    .filter(|w| w.source == Source::Api)
-                    .map(|w| w.uid.clone())
+                    .iter()
+                    .filter_map(|(key, w)| match w.source {
+                        Source::Api => Some((w.uid.clone(), w.uid.clone())),
+                        Source::File => st
+                            .mirrors
+                            .get(key)
+                            .filter(|m| m.metadata.deletion_timestamp.is_none())
+                            .and_then(|m| m.metadata.uid.clone())
+                            .map(|mirror| (w.uid.clone(), mirror)),
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -143,6 +206,7 @@ impl PodManager {
                     deleting: None,
                 },
             );
+            self.targets.send_modify(|n| *n += 1);
         }
     }
 

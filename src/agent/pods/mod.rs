@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod hooks;
 pub mod manager;
+pub mod mirror;
 pub mod registry;
 pub mod status;
 pub mod status_manager;

@@ -1,7 +1,8 @@
 //! Pod status back to the API server: a strategic-merge PATCH of `pods/<name>/status` each time
 //! the status a worker publishes changes (a burst of changes goes as one), with the pod's UID
-//! in the patch so a pod made again under the same name is never written over. It never reads
-//! pods/status (the node authorizer forbids it): what was sent last is kept here.
+//! in the patch so a pod made again under the same name is never written over; a static pod's
+//! status goes to its mirror pod. It never reads pods/status (the node authorizer forbids it):
+//! what was sent last is kept here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,19 +21,18 @@ const COALESCE: Duration = Duration::from_millis(10);
 /// Sends status changes forever.
 pub async fn run(cluster: Arc<Cluster>, ctx: Arc<AgentContext>, pods: Arc<PodManager>) {
     let mut changes = ctx.pods.subscribe();
+    let mut targets_changed = pods.subscribe_targets();
     let mut sent: HashMap<String, PodStatus> = HashMap::new();
     let mut failures = 0u32;
     loop {
-        let api_uids = pods.api_uids();
-        sent.retain(|uid, _| api_uids.contains(uid));
+        let targets = pods.status_targets();
+        sent.retain(|target, _| targets.values().any(|t| t == target));
         let mut failed = false;
         for pod in ctx.pods.list() {
-            let Some(uid) = pod.metadata.uid.clone() else {
+            let Some(target) = pod.metadata.uid.as_ref().and_then(|u| targets.get(u)) else {
                 continue;
             };
-            if !api_uids.contains(&uid) {
-                continue;
-            }
+            let uid = target.clone();
             let status = pod.status.clone().unwrap_or_default();
             if sent.get(&uid) == Some(&status) {
                 continue;
@@ -58,11 +58,13 @@ pub async fn run(cluster: Arc<Cluster>, ctx: Arc<AgentContext>, pods: Arc<PodMan
             continue;
         }
         failures = 0;
-        if changes.changed().await.is_err() {
-            return;
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { return },
+            r = targets_changed.changed() => if r.is_err() { return },
         }
         tokio::time::sleep(COALESCE).await;
         changes.mark_unchanged();
+        targets_changed.mark_unchanged();
     }
 }
 

@@ -43,7 +43,7 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
             .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
             .collect();
         tracing::debug!(pods = known.len(), resource_version = %rv, "listed the node's pods");
-        pods.set(Source::Api, desired(&known));
+        publish(&pods, &known);
         // Watch from there until the API server says the version is gone.
         loop {
             let params = WatchParams::default()
@@ -100,7 +100,7 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
                     }
                 };
                 if changed {
-                    pods.set(Source::Api, desired(&known));
+                    publish(&pods, &known);
                 }
             }
             if gone {
@@ -109,6 +109,25 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
             }
         }
     }
+}
+
+/// Hands the pods to the pod manager: mirror pods (this node's static pods, shown in the API
+/// server) apart from the pods to run.
+fn publish(pods: &Arc<PodManager>, known: &HashMap<String, Pod>) {
+    let (mirrors, to_run): (HashMap<_, _>, HashMap<_, _>) = known
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .partition(|(_, p)| is_mirror(p));
+    pods.set_mirrors(mirrors.into_values().map(|p| (key_of(&p), p)).collect());
+    pods.set(Source::Api, desired(&to_run));
+}
+
+/// Whether `pod` is a mirror pod (the API server's copy of a node's static pod).
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::agent::pods::mirror::MIRROR_ANNOTATION))
 }
 
 fn note_version(rv: &mut String, pod: &Pod) {

@@ -73,7 +73,21 @@ pub async fn run(ctx: Arc<AgentContext>, pods: Arc<PodManager>, dir: PathBuf, pe
                 .or_insert(line);
         }
         ctx.pods.set_warnings(warnings);
-        pods.set(Source::File, desired.clone());
+        let wanted = match &ctx.cluster {
+            // In a cluster a static pod's name carries the node's, as the kubelet names them
+            // (mirror pods of several nodes share a namespace).
+            Some(cluster) => desired
+                .values()
+                .map(|d| {
+                    let mut d = d.clone();
+                    let name = d.pod.metadata.name.clone().unwrap_or_default();
+                    d.pod.metadata.name = Some(format!("{name}-{}", cluster.node_name));
+                    (manifest::key_of(&d.pod), d)
+                })
+                .collect(),
+            None => desired.clone(),
+        };
+        pods.set(Source::File, wanted);
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = wake.notified() => {
