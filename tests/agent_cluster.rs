@@ -576,3 +576,58 @@ async fn static_pods_get_mirror_pods_made_again_when_deleted_and_gone_with_the_m
     });
     n.agent.finish().await;
 }
+
+#[tokio::test]
+async fn admission_refuses_what_does_not_fit_with_the_kubelets_reasons() {
+    let n = AgentNode::start("");
+    let pod = |name: &str, extra_spec: &str, extra_container: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{extra_spec}  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '1000']\n{extra_container}",
+            ns = n.ns,
+            node = n.node,
+            image = image("busybox:latest"),
+        )
+    };
+    n.cp.apply(&pod(
+        "web",
+        "",
+        "    ports: [{containerPort: 18181, hostPort: 18181}]\n",
+    ));
+    n.wait_pod("Running", "web", "{.status.phase}", "Running");
+    n.cp.apply(&pod(
+        "clash",
+        "",
+        "    ports: [{containerPort: 18181, hostPort: 18181}]\n",
+    ));
+    n.cp.apply(&pod("elsewhere", "  nodeSelector: {zone: nowhere}\n", ""));
+    n.cp.apply(&pod(
+        "greedy",
+        "",
+        "    resources: {requests: {cpu: '1000'}}\n",
+    ));
+    for (name, reason) in [
+        ("clash", "NodePorts"),
+        ("elsewhere", "NodeAffinity"),
+        ("greedy", "OutOfcpu"),
+    ] {
+        n.wait_pod(
+            &format!("Failed {reason}"),
+            name,
+            "{.status.phase}",
+            "Failed",
+        );
+        assert_eq!(n.pod_path(name, "{.status.reason}"), reason);
+        assert!(!n.pod_path(name, "{.status.message}").is_empty());
+        assert!(n.sandboxes(name).await.is_empty(), "{name} got a sandbox");
+    }
+    assert!(
+        n.pod_path("greedy", "{.status.message}")
+            .contains("Node didn't have enough resource: cpu"),
+    );
+    // The admitted pod is untouched; a refused pod deleted is gone at once.
+    assert_eq!(n.pod_path("web", "{.status.phase}"), "Running");
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "greedy", "--wait=false"]);
+    n.cp.wait("the refused pod gone", Duration::from_secs(30), |cp| {
+        !cp.kubectl(&["-n", &n.ns, "get", "pod", "greedy"]).0
+    });
+}

@@ -218,10 +218,10 @@ pub async fn start(
             tokio::spawn(node_status.clone().heartbeat());
         }
     }
-    tokio::spawn(node_status.run());
+    tokio::spawn(node_status.clone().run());
     tokio::spawn(eviction::run(ctx.clone()));
     tokio::spawn(gc::run(ctx.clone()));
-    let pods = pods::manager::PodManager::new(ctx.clone(), cluster.clone());
+    let pods = pods::manager::PodManager::new(ctx.clone(), cluster.clone(), node_status.clone());
     if let Some(cluster) = &cluster {
         tokio::spawn(sources::api::run(cluster.clone(), pods.clone()));
         tokio::spawn(pods::mirror::run(cluster.clone(), pods.clone()));

@@ -7,13 +7,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
 
+use super::admission::{self, NodeView};
 use super::worker::{Desire, PodWorker};
 use crate::agent::AgentContext;
 use crate::agent::cluster::{self, Cluster};
+use crate::agent::node::status::NodeStatus;
 use crate::agent::runtime::labels;
+use crate::agent::runtime::resources::parse_quantity;
 use crate::agent::sources::manifest::{DesiredPod, PodKey};
 
 /// Where a pod comes from.
@@ -41,12 +44,16 @@ struct State {
     orphans_removed: bool,
     /// The mirror pods the API server holds for this node, by key.
     mirrors: BTreeMap<PodKey, Pod>,
+    /// API pods admission refused (they stay Failed), by key: their UID.
+    refused: BTreeMap<PodKey, String>,
 }
 
 /// The pod set and its workers.
 pub struct PodManager {
     ctx: Arc<AgentContext>,
     cluster: Option<Arc<Cluster>>,
+    /// The node's status (labels, allocatable) for admission.
+    node: Arc<NodeStatus>,
     state: Mutex<State>,
     /// Wakes the mirror pod task when static pods or mirror pods change.
     mirrors_changed: tokio::sync::Notify,
@@ -56,10 +63,15 @@ pub struct PodManager {
 
 impl PodManager {
     /// A manager for the sources the agent has: files, and the API server with `cluster`.
-    pub fn new(ctx: Arc<AgentContext>, cluster: Option<Arc<Cluster>>) -> Arc<Self> {
+    pub fn new(
+        ctx: Arc<AgentContext>,
+        cluster: Option<Arc<Cluster>>,
+        node: Arc<NodeStatus>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             ctx,
             cluster,
+            node,
             state: Mutex::new(State::default()),
             mirrors_changed: tokio::sync::Notify::new(),
             targets: watch::channel(0).0,
@@ -127,6 +139,7 @@ impl PodManager {
         self.state
             .lock()
             .map(|st| {
+                let refused = st.refused.values().map(|uid| (uid.clone(), uid.clone()));
                 st.workers
                     .iter()
                     .filter_map(|(key, w)| match w.source {
@@ -138,6 +151,7 @@ impl PodManager {
                             .and_then(|m| m.metadata.uid.clone())
                             .map(|mirror| (w.uid.clone(), mirror)),
                     })
+                    .chain(refused)
                     .collect()
             })
             .unwrap_or_default()
@@ -180,13 +194,63 @@ impl PodManager {
             w.deleting = deleting;
             let _ = w.desire.send(Desire::Stop { grace_secs: grace });
         }
-        let starts: Vec<(PodKey, Source, DesiredPod)> = union
-            .into_iter()
-            .filter(|(k, _)| !st.workers.contains_key(k))
+        // Refused pods the API server no longer has are forgotten; deleted ones are finished.
+        let gone: Vec<PodKey> = st
+            .refused
+            .iter()
+            .filter(|(k, uid)| {
+                union
+                    .get(*k)
+                    .is_none_or(|(_, d)| d.uid != **uid || being_deleted(&d.pod))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            st.refused.remove(&key);
+            self.ctx.pods.remove(&key);
+            if let (Some(cluster), Some((Source::Api, d))) = (&self.cluster, union.get(&key))
+                && being_deleted(&d.pod)
+            {
+                let (cluster, pod) = (cluster.clone(), d.pod.clone());
+                tokio::spawn(async move { finish_deletion(&cluster, &pod).await });
+            }
+        }
+        let mut starts: Vec<(PodKey, Source, DesiredPod)> = union
+            .iter()
+            .filter(|(k, _)| !st.workers.contains_key(*k) && !st.refused.contains_key(*k))
             .filter(|(_, (_, d))| !being_deleted(&d.pod) && !finished(&d.pod))
-            .map(|(k, (s, d))| (k, s, d))
+            .map(|(k, (s, d))| (k.clone(), *s, d.clone()))
+            .collect();
+        // Admitted in the order they were made, as the kubelet admits them.
+        starts.sort_by(|a, b| {
+            let t = |d: &DesiredPod| d.pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            t(&a.2).cmp(&t(&b.2))
+        });
+        let view = self.node_view();
+        let mut admitted: Vec<Pod> = st
+            .workers
+            .keys()
+            .filter_map(|k| union.get(k).map(|(_, d)| d.pod.clone()))
             .collect();
         for (key, source, d) in starts {
+            if source == Source::Api {
+                let others: Vec<&Pod> = admitted.iter().collect();
+                if let Err(r) = admission::admit(&d.pod, &others, &view) {
+                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
+                    let mut pod = d.pod.clone();
+                    pod.status = Some(PodStatus {
+                        phase: Some("Failed".into()),
+                        reason: Some(r.reason),
+                        message: Some(r.message),
+                        ..Default::default()
+                    });
+                    self.ctx.pods.insert(key.clone(), pod);
+                    st.refused.insert(key, d.uid.clone());
+                    self.targets.send_modify(|n| *n += 1);
+                    continue;
+                }
+            }
+            admitted.push(d.pod.clone());
             let (desire, rx) = watch::channel(Desire::Run);
             let worker = PodWorker::new(d.clone(), self.ctx.clone());
             let me = self.clone();
@@ -223,6 +287,44 @@ impl PodManager {
             finish_deletion(cluster, &pod).await;
         }
         self.reconcile();
+    }
+}
+
+impl PodManager {
+    /// Whether the node is registered and its status computed (admission needs both).
+    pub fn node_known(&self) -> bool {
+        self.node.current().is_some()
+            && self.cluster.as_ref().is_none_or(|c| c.node_uid().is_some())
+    }
+
+    /// The node as admission sees it: its labels, the registered taints, what is allocatable.
+    fn node_view(&self) -> NodeView {
+        let node = self.node.current();
+        let status = node.as_ref().and_then(|n| n.status.as_ref());
+        let allocatable = status
+            .and_then(|s| s.allocatable.as_ref())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(k, q)| {
+                        let v = parse_quantity(&q.0)?;
+                        Some((k.clone(), if k == "cpu" { v * 1000.0 } else { v }))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        NodeView {
+            name: self.ctx.node.name.clone(),
+            labels: node
+                .as_ref()
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default(),
+            taints: node
+                .as_ref()
+                .and_then(|n| n.spec.as_ref())
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+            allocatable,
+        }
     }
 }
 

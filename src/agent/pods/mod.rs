@@ -1,6 +1,7 @@
 //! Pod workers and what they keep: the pod manager (one worker per pod of every source),
 //! back-off, lifecycle hooks, published status, terminations.
 
+pub mod admission;
 pub mod backoff;
 pub mod hooks;
 pub mod manager;

@@ -74,7 +74,9 @@ pub fn container_config(
             (None, Some(from)) => match object_key(from) {
                 Some((kind, name, key, optional)) => ctx
                     .objects
-                    .ok_or_else(|| no_api(kind))?
+                    .ok_or_else(|| {
+                        format!("couldn't find key for env {:?}: {}", e.name, no_api(kind))
+                    })?
                     .value(kind, name, key, optional)?,
                 None => Some(
                     downward_env(from, pod, c, ctx)

@@ -25,6 +25,10 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
     let api: Api<Pod> = Api::all(cluster.client.clone());
     let selector = format!("spec.nodeName={}", cluster.node_name);
     let mut failures = 0u32;
+    // Pods are admitted against the registered Node: none before it is.
+    while !pods.node_known() {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     loop {
         let list = match api.list(&ListParams::default().fields(&selector)).await {
             Ok(l) => l,
