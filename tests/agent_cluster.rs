@@ -631,3 +631,54 @@ async fn admission_refuses_what_does_not_fit_with_the_kubelets_reasons() {
         !cp.kubectl(&["-n", &n.ns, "get", "pod", "greedy"]).0
     });
 }
+
+#[tokio::test]
+async fn events_tell_the_pods_story_and_repeats_become_counts() {
+    let n = AgentNode::start("");
+    let events = |object: &str, ns: &str| {
+        n.cp.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={object}"),
+            "-o",
+            "jsonpath={range .items[*]}{.reason}:{.count}:{.source.component}{\"\\n\"}{end}",
+        ])
+        .1
+    };
+    n.create_pod("story", 1, "while true; do sleep 1; done");
+    n.wait_pod("Running", "story", "{.status.phase}", "Running");
+    n.cp.wait("the pod's events", Duration::from_secs(30), |_| {
+        let e = events("story", &n.ns);
+        ["Pulled:", "Created:", "Started:"]
+            .iter()
+            .all(|r| e.contains(r))
+    });
+    assert!(events("story", &n.ns).contains(":kubelet"));
+    n.cp.wait("the node's events", Duration::from_secs(30), |_| {
+        let e = events(&n.node, "default");
+        e.contains("Starting:") && e.contains("NodeReady:")
+    });
+    // A crash loop: one BackOff event whose count grows, not an event per sync.
+    n.create_pod("crash", 1, "exit 1");
+    n.cp.wait("a repeated BackOff", Duration::from_secs(60), |_| {
+        events("crash", &n.ns).lines().any(|l| {
+            l.starts_with("BackOff:")
+                && l.split(':')
+                    .nth(1)
+                    .and_then(|c| c.parse::<u32>().ok())
+                    .is_some_and(|c| c >= 2)
+        })
+    });
+    let backoffs = events("crash", &n.ns)
+        .lines()
+        .filter(|l| l.starts_with("BackOff:"))
+        .count();
+    assert_eq!(backoffs, 1, "{}", events("crash", &n.ns));
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "story", "--wait=false"]);
+    n.cp.wait("Killing", Duration::from_secs(30), |_| {
+        events("story", &n.ns).contains("Killing:")
+    });
+}

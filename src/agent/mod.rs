@@ -90,6 +90,8 @@ pub struct AgentContext {
     pub swap: runtime::resources::NodeSwap,
     /// The API server the node belongs to (None: pods from files only).
     pub cluster: Option<Arc<cluster::Cluster>>,
+    /// Where events go (None without an API server).
+    pub events: Option<cluster::events::Recorder>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -151,6 +153,7 @@ pub async fn start(
             &cfg.memory_swap_behavior,
         )),
         cluster: cluster.clone(),
+        events: cluster.clone().map(cluster::events::Recorder::start),
     });
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),

@@ -3,6 +3,7 @@
 //! in `node/`, pods from the API server in `sources/api.rs`, their status in
 //! `pods/status_manager.rs`.
 
+pub mod events;
 pub mod kubeconfig;
 
 use std::path::Path;

@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::agent::AgentContext;
 use crate::agent::cluster::Cluster;
+use crate::agent::cluster::events::EventType;
 use crate::agent::config::{AgentConfig, parse_taint};
 use crate::agent::eviction;
 use crate::agent::eviction::policy as eviction_policy;
@@ -102,6 +103,8 @@ struct Inner {
     reports: u64,
     computed: u64,
     transitions: HashMap<String, (String, Time)>,
+    /// The Ready status last sent to the API server (for NodeReady / NodeNotReady events).
+    sent_ready: Option<String>,
 }
 
 /// Counters of the node status loop.
@@ -166,6 +169,9 @@ impl NodeStatus {
     /// Sends the status to the API server from now on (the Node is registered).
     pub fn attach(&self, cluster: Arc<Cluster>) {
         let _ = self.cluster.set(cluster);
+        if let Some(ev) = &self.ctx.events {
+            ev.node(EventType::Normal, "Starting", "Starting kubelet.".into());
+        }
     }
 
     /// The lease renewal counter (renewals to the API server count there too).
@@ -271,6 +277,7 @@ impl NodeStatus {
                 }
             } else {
                 tracing::debug!("node status sent to the API server");
+                self.ready_event(&node);
             }
         } else if due {
             let file = self.status_file.clone();
@@ -613,6 +620,39 @@ fn meaningful(node: &Node) -> String {
         }
     }
     serde_json::to_string(&n).unwrap_or_default()
+}
+
+impl NodeStatus {
+    /// NodeReady or NodeNotReady when the Ready status sent changed.
+    fn ready_event(&self, node: &Node) {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone())
+            .unwrap_or_default();
+        let changed = match self.inner.lock() {
+            Ok(mut i) => {
+                let changed = i.sent_ready.as_deref() != Some(ready.as_str());
+                i.sent_ready = Some(ready.clone());
+                changed
+            }
+            Err(_) => false,
+        };
+        if let (true, Some(ev)) = (changed, &self.ctx.events) {
+            let (kind, reason) = if ready == "True" {
+                (EventType::Normal, "NodeReady")
+            } else {
+                (EventType::Normal, "NodeNotReady")
+            };
+            ev.node(
+                kind,
+                reason,
+                format!("Node {} status is now: {reason}", self.ctx.node.name),
+            );
+        }
+    }
 }
 
 /// Tries sent of one node status update (the kubelet's nodeStatusUpdateRetry).

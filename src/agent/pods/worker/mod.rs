@@ -17,6 +17,7 @@ mod stop;
 use super::backoff::Backoff;
 use super::status::{self, is_exited, is_running};
 use crate::agent::AgentContext;
+use crate::agent::cluster::events::EventType;
 use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use crate::agent::runtime::container_config::{ContainerContext, container_config};
 use crate::agent::runtime::labels;
@@ -187,6 +188,13 @@ impl PodWorker {
             container: c.clone(),
         }
     }
+    /// Records an event on the pod (on its container `container`) when in a cluster.
+    fn event(&self, container: Option<&str>, kind: EventType, reason: &str, message: String) {
+        if let Some(r) = &self.ctx.events {
+            r.pod(self.pod(), container, kind, reason, message);
+        }
+    }
+
     fn pod_ref(&self) -> String {
         let m = &self.pod().metadata;
         format!(
@@ -617,6 +625,12 @@ impl PodWorker {
                     self.pod_ref()
                 );
                 self.set_waiting(&c.name, "CrashLoopBackOff", msg);
+                self.event(
+                    Some(&c.name),
+                    EventType::Warning,
+                    "BackOff",
+                    "Back-off restarting failed container".into(),
+                );
                 return;
             }
         }
@@ -664,6 +678,12 @@ impl PodWorker {
             Ok(config) => config,
             Err(e) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "container config");
+                self.event(
+                    Some(&c.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {e}"),
+                );
                 self.set_waiting(&c.name, "CreateContainerConfigError", e);
                 self.create_failed.insert(c.name.clone(), now);
                 return;
@@ -710,17 +730,35 @@ impl PodWorker {
             Ok(r) => r.into_inner().container_id,
             Err(e) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "CreateContainer failed");
+                self.event(
+                    Some(&c.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {}", e.message()),
+                );
                 self.set_waiting(&c.name, "CreateContainerError", e.message().to_string());
                 self.create_failed.insert(c.name.clone(), now);
                 return;
             }
         };
+        self.event(
+            Some(&c.name),
+            EventType::Normal,
+            "Created",
+            format!("Created container {}", c.name),
+        );
         if let Err(e) = rt
             .start_container(cri::StartContainerRequest {
                 container_id: id.clone(),
             })
             .await
         {
+            self.event(
+                Some(&c.name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {}", e.message()),
+            );
             tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e.message(), "StartContainer failed");
             self.set_waiting(&c.name, "RunContainerError", e.message().to_string());
             self.create_failed.insert(c.name.clone(), now);
@@ -728,6 +766,12 @@ impl PodWorker {
         }
         self.create_failed.remove(&c.name);
         tracing::info!(pod = %self.pod_ref(), container = %c.name, id = %id, restart_count, "container started");
+        self.event(
+            Some(&c.name),
+            EventType::Normal,
+            "Started",
+            format!("Started container {}", c.name),
+        );
         self.acted = true;
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let budget = Duration::from_secs(self.grace().max(30) as u64);
@@ -857,6 +901,12 @@ impl PodWorker {
                 .ok()
                 .and_then(|r| r.into_inner().image);
             if let Some(img) = present {
+                self.event(
+                    Some(&c.name),
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Container image \"{image}\" already present on machine"),
+                );
                 return Some(img.id);
             }
             if policy == "Never" {
@@ -880,9 +930,22 @@ impl PodWorker {
                 "ImagePullBackOff",
                 format!("Back-off pulling image \"{image}\": {why}"),
             );
+            self.event(
+                Some(&c.name),
+                EventType::Normal,
+                "BackOff",
+                format!("Back-off pulling image \"{image}\""),
+            );
             return None;
         }
         self.set_waiting(&c.name, "ContainerCreating", String::new());
+        self.event(
+            Some(&c.name),
+            EventType::Normal,
+            "Pulling",
+            format!("Pulling image \"{image}\""),
+        );
+        let pull_started = Instant::now();
         match images
             .pull_image(cri::PullImageRequest {
                 image: Some(spec),
@@ -894,6 +957,15 @@ impl PodWorker {
             Ok(r) => {
                 self.pull_backoff.reset(&image);
                 self.pull_failed.remove(&image);
+                self.event(
+                    Some(&c.name),
+                    EventType::Normal,
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image \"{image}\" in {:?}",
+                        pull_started.elapsed()
+                    ),
+                );
                 Some(r.into_inner().image_ref)
             }
             Err(e) => {
@@ -901,11 +973,9 @@ impl PodWorker {
                 self.pull_backoff.next(&image, now);
                 self.pull_failed
                     .insert(image.clone(), (now, e.message().to_string()));
-                self.set_waiting(
-                    &c.name,
-                    "ErrImagePull",
-                    format!("failed to pull image \"{image}\": {}", e.message()),
-                );
+                let why = format!("failed to pull image \"{image}\": {}", e.message());
+                self.event(Some(&c.name), EventType::Warning, "Failed", why.clone());
+                self.set_waiting(&c.name, "ErrImagePull", why);
                 None
             }
         }
@@ -955,6 +1025,26 @@ impl PodWorker {
                 .unwrap_or(pod_grace);
             tracing::info!(pod = %pod_ref, container = %c.name, "container failed {kind} probe, will be restarted");
             track.probes = None;
+            let what = if kind == "startup" {
+                "Startup"
+            } else {
+                "Liveness"
+            };
+            self.event(
+                Some(&c.name),
+                EventType::Warning,
+                "Unhealthy",
+                format!("{what} probe failed"),
+            );
+            self.event(
+                Some(&c.name),
+                EventType::Normal,
+                "Killing",
+                format!(
+                    "Container {} failed {kind} probe, will be restarted",
+                    c.name
+                ),
+            );
             self.stop_with_hook(Some(c), &l.id, grace).await;
             self.acted = true;
             self.mutated = true;

@@ -14,6 +14,14 @@ impl PodWorker {
     /// what is left of the grace period.
     pub(super) async fn stop_with_hook(&self, c: Option<&Container>, id: &str, grace: i64) {
         let started = Instant::now();
+        if let Some(c) = c {
+            self.event(
+                Some(&c.name),
+                crate::agent::cluster::events::EventType::Normal,
+                "Killing",
+                format!("Stopping container {}", c.name),
+            );
+        }
         if let Some(c) = c
             && let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
         {
@@ -113,6 +121,14 @@ impl PodWorker {
     /// unmounts its Memory emptyDirs, and leaves the pod Failed with `reason` and `message`.
     pub(super) async fn end(&mut self, reason: &str, message: &str, grace_secs: Option<i64>) {
         tracing::info!(pod = %self.pod_ref(), reason, message, "ending pod");
+        if reason == "Evicted" {
+            self.event(
+                None,
+                crate::agent::cluster::events::EventType::Warning,
+                "Evicted",
+                message.to_string(),
+            );
+        }
         self.drop_all_probes();
         if let Some((id, _)) = self.sandbox.clone() {
             let grace = grace_secs.unwrap_or_else(|| self.grace()).max(0);
