@@ -682,3 +682,45 @@ async fn events_tell_the_pods_story_and_repeats_become_counts() {
         events("story", &n.ns).contains("Killing:")
     });
 }
+
+#[tokio::test]
+async fn pods_keep_running_while_the_api_server_is_away_and_their_status_catches_up() {
+    let mut n = AgentNode::start("");
+    n.create_pod("steady", 1, "while true; do sleep 1; done");
+    n.create_pod("flaky", 1, "while true; do sleep 1; done");
+    n.wait_pod("Running", "steady", "{.status.phase}", "Running");
+    n.wait_pod("Running", "flaky", "{.status.phase}", "Running");
+    let steady = n.pod_path("steady", "{.status.containerStatuses[0].containerID}");
+    let flaky = n.pod_path("flaky", "{.status.containerStatuses[0].containerID}");
+    n.cp.stop_component("kube-apiserver");
+    // While it is away, a container dies and is restarted: the status waits to be sent.
+    let c = n.agent.daemon.client().await;
+    c.runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: flaky.trim_start_matches("berth://").to_string(),
+            timeout: 0,
+        })
+        .await
+        .expect("StopContainer");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    n.cp.start_component("kube-apiserver");
+    n.wait_pod(
+        "the restart reported",
+        "flaky",
+        "{.status.containerStatuses[0].restartCount}",
+        "1",
+    );
+    assert_eq!(
+        n.pod_path("steady", "{.status.containerStatuses[0].containerID}"),
+        steady
+    );
+    assert_eq!(
+        n.pod_path("steady", "{.status.containerStatuses[0].restartCount}"),
+        "0"
+    );
+    // The watch resumed: a pod made now runs.
+    n.create_pod("after", 1, "while true; do sleep 1; done");
+    n.wait_pod("Running", "after", "{.status.phase}", "Running");
+    let ready = n.node_path("{.status.conditions[?(@.type==\"Ready\")].status}");
+    assert_eq!(ready, "True");
+}

@@ -73,6 +73,8 @@ fn issue(dir: &Path, name: &str, subject: &str, sans: Option<&str>) {
 pub struct ControlPlane {
     pub dir: TempDir,
     children: Vec<(String, Child)>,
+    /// How each component was started (program and arguments), to start it again.
+    commands: Vec<(String, std::ffi::OsString, Vec<std::ffi::OsString>)>,
     pub api_port: u16,
     pub admin: PathBuf,
 }
@@ -130,6 +132,7 @@ impl ControlPlane {
             admin: d.join("admin.kubeconfig"),
             dir,
             children: Vec::new(),
+            commands: Vec::new(),
             api_port,
         };
         cp.write_kubeconfig("admin.kubeconfig", "admin");
@@ -290,6 +293,13 @@ impl ControlPlane {
     fn spawn(&mut self, name: &str, cmd: &mut Command) {
         let child = spawn_logged(cmd, &self.dir.path().join(format!("{name}.log")));
         self.children.push((name.to_string(), child));
+        if !self.commands.iter().any(|(n, _, _)| n == name) {
+            self.commands.push((
+                name.to_string(),
+                cmd.get_program().to_os_string(),
+                cmd.get_args().map(|a| a.to_os_string()).collect(),
+            ));
+        }
     }
 
     /// The audit events so far whose user is `user`, verb `verb` and resource `resource`
@@ -309,6 +319,32 @@ impl ControlPlane {
                     && e["objectRef"]["subresource"].as_str().unwrap_or("") == sub
             })
             .collect()
+    }
+
+    /// Stops component `name` (SIGKILL, as a crash or an outage).
+    pub fn stop_component(&mut self, name: &str) {
+        if let Some(i) = self.children.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = self.children.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts component `name` again as it was first started; for the API server, waits until
+    /// it is ready.
+    pub fn start_component(&mut self, name: &str) {
+        let Some((_, program, args)) = self.commands.iter().find(|(n, _, _)| n == name).cloned()
+        else {
+            panic!("{name} was never started");
+        };
+        self.spawn(name, Command::new(program).args(args));
+        if name == "kube-apiserver" {
+            self.wait(
+                "the API server ready again",
+                Duration::from_secs(90),
+                |cp| cp.kubectl(&["get", "--raw", "/readyz"]).0,
+            );
+        }
     }
 
     /// A component's log.
