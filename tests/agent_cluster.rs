@@ -724,3 +724,207 @@ async fn pods_keep_running_while_the_api_server_is_away_and_their_status_catches
     let ready = n.node_path("{.status.conditions[?(@.type==\"Ready\")].status}");
     assert_eq!(ready, "True");
 }
+
+/// The sorted keys of a JSON object at `path` (empty when absent).
+fn keys(v: &serde_json::Value, path: &[&str]) -> Vec<String> {
+    let mut at = v;
+    for p in path {
+        at = &at[*p];
+    }
+    let mut k: Vec<String> = at
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+/// The `type` of each element of the array at `path`.
+fn types(v: &serde_json::Value, path: &[&str]) -> Vec<String> {
+    let mut at = v;
+    for p in path {
+        at = &at[*p];
+    }
+    let mut t: Vec<String> = at
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["type"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    t.sort();
+    t
+}
+
+fn missing<'a>(reference: &'a [String], ours: &[String]) -> Vec<&'a String> {
+    reference.iter().filter(|k| !ours.contains(k)).collect()
+}
+
+#[tokio::test]
+async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_kubelet() {
+    let n = AgentNode::start("");
+    // The stock kubelet 1.20 on a second berthd, registered to the same API server.
+    let knode = format!("kubelet-{}", n.node.trim_start_matches("agent-"));
+    let kubeconfig = n.cp.add_node(&knode);
+    let net = cni_support::TestNet::new("refnode");
+    net.write("10-test.conflist", &net.standard());
+    net.bridge_up();
+    let args = net.daemon_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with(&args);
+    let mut opts = n.cp.kubelet_options(&knode, &net);
+    opts.kubeconfig = Some(kubeconfig);
+    let _kubelet = kubelet_support::Kubelet::start(&daemon, opts);
+    n.cp.wait_node_ready(&knode);
+    let json = |what: &[&str]| -> serde_json::Value {
+        let mut args = vec!["get"];
+        args.extend(what);
+        args.extend(["-o", "json"]);
+        serde_json::from_str(&n.cp.kubectl_ok(&args)).expect("json")
+    };
+    let reference = json(&["node", &knode]);
+    let ours = json(&["node", &n.node]);
+    for path in [
+        &["status"][..],
+        &["status", "nodeInfo"],
+        &["status", "capacity"],
+        &["status", "allocatable"],
+        &["status", "daemonEndpoints"],
+        &["metadata", "annotations"],
+    ] {
+        let (r, o) = (keys(&reference, path), keys(&ours, path));
+        assert!(
+            missing(&r, &o).is_empty(),
+            "node {path:?}: the agent lacks {:?} (kubelet {r:?}, agent {o:?})",
+            missing(&r, &o)
+        );
+    }
+    for path in [&["status", "conditions"][..], &["status", "addresses"]] {
+        let (r, o) = (types(&reference, path), types(&ours, path));
+        assert_eq!(r, o, "node {path:?}");
+    }
+    let label_keys = |v: &serde_json::Value| {
+        keys(v, &["metadata", "labels"])
+            .into_iter()
+            .filter(|k| k.contains("kubernetes.io/"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(label_keys(&reference), label_keys(&ours), "node labels");
+    for field in [
+        "architecture",
+        "bootID",
+        "machineID",
+        "systemUUID",
+        "kernelVersion",
+        "osImage",
+        "operatingSystem",
+    ] {
+        assert_eq!(
+            reference["status"]["nodeInfo"][field], ours["status"]["nodeInfo"][field],
+            "nodeInfo.{field}"
+        );
+    }
+    for cond in ours["status"]["conditions"].as_array().expect("conditions") {
+        let kind = cond["type"].as_str().unwrap_or_default();
+        let r = reference["status"]["conditions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["type"] == kind))
+            .expect("reference condition");
+        assert_eq!(
+            (&r["status"], &r["reason"]),
+            (&cond["status"], &cond["reason"]),
+            "condition {kind}"
+        );
+    }
+
+    // The same pod on each node.
+    let pod_on = |name: &str, node: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'while true; do sleep 1; done']\n    resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}\n    readinessProbe: {{exec: {{command: ['true']}}, periodSeconds: 1}}\n",
+            ns = n.ns,
+            image = image("busybox:latest"),
+        )
+    };
+    n.cp.apply(&pod_on("ref", &knode));
+    n.cp.apply(&pod_on("ours", &n.node));
+    for pod in ["ref", "ours"] {
+        n.wait_pod(
+            "Ready",
+            pod,
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+            "True",
+        );
+    }
+    let r = json(&["-n", &n.ns, "pod", "ref"]);
+    let o = json(&["-n", &n.ns, "pod", "ours"]);
+    for path in [
+        &["status"][..],
+        &["status", "containerStatuses", "0"],
+        &["status", "containerStatuses", "0", "state", "running"],
+    ] {
+        let at = |v: &serde_json::Value| {
+            let mut x = v.clone();
+            for p in path {
+                x = match p.parse::<usize>() {
+                    Ok(i) => x[i].clone(),
+                    Err(_) => x[*p].clone(),
+                };
+            }
+            x
+        };
+        let (rk, ok) = (keys(&at(&r), &[]), keys(&at(&o), &[]));
+        assert!(
+            missing(&rk, &ok).is_empty(),
+            "pod {path:?}: the agent lacks {:?}",
+            missing(&rk, &ok)
+        );
+    }
+    let (rt, ot) = (
+        types(&r, &["status", "conditions"]),
+        types(&o, &["status", "conditions"]),
+    );
+    assert!(
+        missing(&rt, &ot).is_empty(),
+        "pod conditions: kubelet {rt:?}, agent {ot:?}"
+    );
+    assert_eq!(r["status"]["qosClass"], o["status"]["qosClass"]);
+    assert_eq!(r["status"]["phase"], o["status"]["phase"]);
+    // Their events: every reason the kubelet gave, the agent gave.
+    let reasons = |pod: &str| {
+        let out = n.cp.kubectl_ok(&[
+            "-n",
+            &n.ns,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={pod}"),
+            "-o",
+            "jsonpath={range .items[*]}{.source.component}:{.reason}{\"\\n\"}{end}",
+        ]);
+        // The kubelet's own (not the controllers' events on the same pod).
+        let mut v: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("kubelet:"))
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let (re, oe) = (reasons("ref"), reasons("ours"));
+    assert!(
+        missing(&re, &oe).is_empty(),
+        "pod events: kubelet {re:?}, agent {oe:?}"
+    );
+    n.cp.kubectl_ok(&[
+        "-n",
+        &n.ns,
+        "delete",
+        "pod",
+        "ref",
+        "ours",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+}

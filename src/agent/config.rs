@@ -49,6 +49,11 @@ pub struct AgentConfig {
     pub node_ip: Option<String>,
     /// Whether the agent creates its Node (false: an admin made it; the agent adopts it).
     pub register_node: bool,
+    /// Addresses of the cluster's DNS service given to ClusterFirst pods (none: they use the
+    /// host's resolv.conf, with a MissingClusterDNS event, as the kubelet does).
+    pub cluster_dns: Vec<String>,
+    /// The cluster's DNS domain (the pods' search path ends in it).
+    pub cluster_domain: String,
     /// Seconds between two reads of the configMaps, secrets and tokens behind a pod's volumes
     /// (a change reaches the files within this time, without a container restart).
     pub volume_refresh_secs: f64,
@@ -204,6 +209,8 @@ impl Default for AgentConfig {
             node_ip: None,
             register_node: true,
             volume_refresh_secs: 60.0,
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".to_string(),
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             eviction_hard: default_eviction_hard(),
@@ -270,6 +277,11 @@ impl AgentConfig {
             && ip.parse::<std::net::IpAddr>().is_err()
         {
             return Err(format!("agent.node_ip {ip:?} is not an IP address"));
+        }
+        for ip in &self.cluster_dns {
+            if ip.parse::<std::net::IpAddr>().is_err() {
+                return Err(format!("agent.cluster_dns: {ip:?} is not an IP address"));
+            }
         }
         for k in self.node_labels.keys() {
             if k.is_empty() || k.len() > 316 || k.contains(char::is_whitespace) {

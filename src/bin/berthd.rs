@@ -76,6 +76,12 @@ struct Cli {
     /// The node's IP address (default: the source address of the default route).
     #[arg(long, value_name = "IP")]
     node_ip: Option<String>,
+    /// Addresses of the cluster's DNS service for ClusterFirst pods, `IP,...`.
+    #[arg(long, value_name = "IP,...", value_delimiter = ',')]
+    cluster_dns: Vec<String>,
+    /// The cluster's DNS domain.
+    #[arg(long, value_name = "DOMAIN")]
+    cluster_domain: Option<String>,
     /// Whether the agent creates its Node (false: adopt the one an admin made).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     register_node: Option<bool>,
@@ -200,6 +206,12 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = cli.register_node {
         cfg.agent.register_node = v;
+    }
+    if !cli.cluster_dns.is_empty() {
+        cfg.agent.cluster_dns = cli.cluster_dns.clone();
+    }
+    if let Some(v) = &cli.cluster_domain {
+        cfg.agent.cluster_domain = v.clone();
     }
     cfg.validate()?;
     Ok(cfg)

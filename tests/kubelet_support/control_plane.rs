@@ -280,6 +280,19 @@ impl ControlPlane {
         });
     }
 
+    /// A kubeconfig of one more node identity, `system:node:<name>` in `system:nodes`.
+    pub fn add_node(&self, name: &str) -> PathBuf {
+        let file = format!("node-{name}");
+        issue(
+            self.dir.path(),
+            &file,
+            &format!("/O=system:nodes/CN=system:node:{name}"),
+            None,
+        );
+        self.write_kubeconfig(&format!("{file}.kubeconfig"), &file);
+        self.dir.path().join(format!("{file}.kubeconfig"))
+    }
+
     /// The kubeconfig of the node identity (`system:node:<name>`).
     pub fn node_kubeconfig(&self) -> PathBuf {
         self.dir.path().join("node.kubeconfig")

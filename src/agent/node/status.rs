@@ -206,12 +206,16 @@ impl NodeStatus {
         }
     }
 
-    /// Computes the status every update period, forever.
+    /// Computes the status every update period, forever, and at once when pods are asked to
+    /// end (a node shutdown turns the node NotReady before its pods end).
     pub async fn run(self: Arc<Self>) {
         loop {
             let node = self.compute().await;
             self.record(node).await;
-            tokio::time::sleep(self.update).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.update) => {}
+                _ = self.ctx.terminations.changed() => {}
+            }
         }
     }
 
@@ -683,13 +687,14 @@ async fn send_status(cluster: &Cluster, node: &Node) -> Result<(), kube::Error> 
     }
 }
 
-/// The machine's UUID as the kubelet reads it: the DMI product UUID, else the device tree's
-/// system id or VM UUID (empty when the machine has none of them).
+/// The machine's UUID as the kubelet (cAdvisor) reads it: the DMI product UUID, else the
+/// device tree's system id or VM UUID, else the machine id.
 fn system_uuid() -> String {
     [
         "/sys/class/dmi/id/product_uuid",
         "/proc/device-tree/system-id",
         "/proc/device-tree/vm,uuid",
+        "/etc/machine-id",
     ]
     .iter()
     .map(|p| read_trimmed(p).trim_end_matches('\0').to_string())

@@ -25,6 +25,7 @@ pub fn sandbox_config(
     log_root: &Path,
     node_name: &str,
     cgroup_root: &str,
+    cluster_dns: &ClusterDns<'_>,
 ) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let host_network = spec.host_network.unwrap_or(false);
@@ -64,7 +65,12 @@ pub fn sandbox_config(
         }),
         hostname,
         log_directory: log_directory(log_root, pod).display().to_string(),
-        dns_config: Some(dns_config(&spec, Path::new("/etc/resolv.conf"))),
+        dns_config: Some(dns_config(
+            &spec,
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            Path::new("/etc/resolv.conf"),
+            cluster_dns,
+        )),
         port_mappings: port_mappings(&spec),
         labels: labels::sandbox_labels(pod),
         annotations: labels::sandbox_annotations(pod, hash),
@@ -129,17 +135,63 @@ pub fn port_mappings(spec: &PodSpec) -> Vec<cri::PortMapping> {
         .collect()
 }
 
-/// The pod's DNS: `Default` (and `ClusterFirst`, which has no cluster DNS to point at on a
-/// standalone node) use the host's resolv.conf; `None` only the pod's dnsConfig; dnsConfig is
+/// The cluster's DNS service, as the kubelet's clusterDNS and clusterDomain give it.
+pub struct ClusterDns<'a> {
+    /// Its addresses (none: ClusterFirst pods fall back to the host's resolv.conf).
+    pub servers: &'a [String],
+    /// The cluster's domain (`cluster.local`).
+    pub domain: &'a str,
+}
+
+/// The DNS policy that applies to a pod: ClusterFirst becomes Default for host-network pods
+/// (unless ClusterFirstWithHostNet) and when the node has no cluster DNS, as in the kubelet.
+pub fn effective_dns_policy(spec: &PodSpec, cluster: &ClusterDns<'_>) -> &'static str {
+    let host_network = spec.host_network.unwrap_or(false);
+    match spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
+        "None" => "None",
+        "Default" => "Default",
+        "ClusterFirstWithHostNet" | "ClusterFirst" if cluster.servers.is_empty() => "Default",
+        "ClusterFirstWithHostNet" => "ClusterFirst",
+        _ if host_network => "Default",
+        _ => "ClusterFirst",
+    }
+}
+
+/// The pod's DNS: `ClusterFirst` the cluster's DNS with the namespace's search path and
+/// `ndots:5`; `Default` the host's resolv.conf; `None` only the pod's dnsConfig; dnsConfig is
 /// merged on top of the others.
-pub fn dns_config(spec: &PodSpec, host_resolv: &Path) -> cri::DnsConfig {
-    let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
-    let mut dns = if policy == "None" {
-        cri::DnsConfig::default()
-    } else {
+pub fn dns_config(
+    spec: &PodSpec,
+    namespace: &str,
+    host_resolv: &Path,
+    cluster: &ClusterDns<'_>,
+) -> cri::DnsConfig {
+    let host = || {
         std::fs::read_to_string(host_resolv)
             .map(|t| parse_resolv_conf(&t))
             .unwrap_or_default()
+    };
+    let mut dns = match effective_dns_policy(spec, cluster) {
+        "None" => cri::DnsConfig::default(),
+        "ClusterFirst" => {
+            let d = cluster.domain;
+            let mut searches = vec![
+                format!("{namespace}.svc.{d}"),
+                format!("svc.{d}"),
+                d.to_string(),
+            ];
+            for s in host().searches {
+                if !searches.contains(&s) {
+                    searches.push(s);
+                }
+            }
+            cri::DnsConfig {
+                servers: cluster.servers.to_vec(),
+                searches,
+                options: vec!["ndots:5".into()],
+            }
+        }
+        _ => host(),
     };
     if let Some(extra) = &spec.dns_config {
         for s in extra.nameservers.iter().flatten() {
@@ -197,6 +249,38 @@ mod tests {
         assert_eq!(d.options, vec!["ndots:2", "edns0"]);
     }
 
+    const NO_DNS: ClusterDns<'static> = ClusterDns {
+        servers: &[],
+        domain: "cluster.local",
+    };
+
+    #[test]
+    fn cluster_first_uses_the_cluster_dns_and_the_namespace_search_path() {
+        let servers = ["10.96.0.10".to_string()];
+        let dns = ClusterDns {
+            servers: &servers,
+            domain: "cluster.local",
+        };
+        let spec: PodSpec =
+            serde_json::from_value(serde_json::json!({"containers": []})).expect("spec");
+        let d = dns_config(&spec, "web", Path::new("/nonexistent"), &dns);
+        assert_eq!(d.servers, servers);
+        assert_eq!(
+            d.searches,
+            [
+                "web.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
+        );
+        assert_eq!(d.options, ["ndots:5"]);
+        let host: PodSpec =
+            serde_json::from_value(serde_json::json!({"containers": [], "hostNetwork": true}))
+                .expect("spec");
+        assert_eq!(effective_dns_policy(&host, &dns), "Default");
+        assert_eq!(effective_dns_policy(&spec, &NO_DNS), "Default");
+    }
+
     #[test]
     fn dns_none_uses_only_the_pod_config() {
         let spec: PodSpec = serde_json::from_value(serde_json::json!({
@@ -205,7 +289,7 @@ mod tests {
             "dnsConfig": {"nameservers": ["10.0.0.10"], "options": [{"name": "ndots", "value": "5"}]}
         }))
         .expect("spec");
-        let d = dns_config(&spec, Path::new("/nonexistent"));
+        let d = dns_config(&spec, "ns", Path::new("/nonexistent"), &NO_DNS);
         assert_eq!(d.servers, vec!["10.0.0.10"]);
         assert_eq!(d.options, vec!["ndots:5"]);
     }

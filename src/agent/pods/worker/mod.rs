@@ -21,6 +21,7 @@ use crate::agent::cluster::events::EventType;
 use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use crate::agent::runtime::container_config::{ContainerContext, container_config};
 use crate::agent::runtime::labels;
+use crate::agent::runtime::sandbox_config::ClusterDns;
 use crate::agent::runtime::sandbox_config::{log_directory, sandbox_config};
 use crate::agent::sources::manifest::DesiredPod;
 use crate::agent::volumes::downward::NodeAllocatable;
@@ -188,6 +189,14 @@ impl PodWorker {
             container: c.clone(),
         }
     }
+    /// The node's cluster DNS settings.
+    fn cluster_dns(&self) -> ClusterDns<'_> {
+        ClusterDns {
+            servers: &self.ctx.config.cluster_dns,
+            domain: &self.ctx.config.cluster_domain,
+        }
+    }
+
     /// Records an event on the pod (on its container `container`) when in a cluster.
     fn event(&self, container: Option<&str>, kind: EventType, reason: &str, message: String) {
         if let Some(r) = &self.ctx.events {
@@ -480,7 +489,28 @@ impl PodWorker {
             &self.ctx.pod_log_dir,
             &self.ctx.node.name,
             &self.ctx.cgroup_root,
+            &self.cluster_dns(),
         );
+        let policy = self
+            .pod()
+            .spec
+            .as_ref()
+            .and_then(|p| p.dns_policy.as_deref())
+            .unwrap_or("ClusterFirst");
+        if self.ctx.config.cluster_dns.is_empty()
+            && (policy == "ClusterFirstWithHostNet"
+                || (policy == "ClusterFirst" && !self.host_network()))
+        {
+            self.event(
+                None,
+                EventType::Warning,
+                "MissingClusterDNS",
+                format!(
+                    "pod: {:?}. kubelet does not have ClusterDNS IP configured and cannot create Pod using {policy:?} policy. Falling back to \"Default\" policy.",
+                    self.pod_ref()
+                ),
+            );
+        }
         let dir = log_directory(&self.ctx.pod_log_dir, self.pod());
         if let Err(e) = std::fs::create_dir_all(&dir) {
             return Err(format!("creating log directory {}: {e}", dir.display()));
@@ -713,6 +743,7 @@ impl PodWorker {
             &self.ctx.pod_log_dir,
             &self.ctx.node.name,
             &self.ctx.cgroup_root,
+            &self.cluster_dns(),
         );
         if previous.is_some() {
             self.backoff.next(&c.name, now);
