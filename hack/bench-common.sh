@@ -120,3 +120,48 @@ stop_run() {
   find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
     while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; done
 }
+
+# ticks PID: the user and system CPU ticks a process used so far.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# pct P: the P-th percentile (nearest rank) of the numbers on stdin.
+pct() { sort -n | awk -v p="$1" '{a[NR]=$1} END {i=int((NR-1)*p/100)+1; print a[i]}'; }
+
+# ratio A B: A / B with two decimals ("-" when B is 0).
+ratio() { if [ "$2" = 0 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
+
+# run_networks A B: `run A NET` then `run B NET` (the caller's), host network first, then pod
+# network, with the load average before and after.
+run_networks() {
+  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  local net
+  for net in host pod; do
+    run "$1" "$net"
+    run "$2" "$net"
+  done
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# latency_rows WHAT A B FORMAT: p50 and p90 of $W/A-NET.times against $W/B-NET.times for both
+# networks, one printf FORMAT row each (label, A, B, ratio).
+latency_rows() {
+  local net p a b
+  for net in host pod; do
+    for p in 50 90; do
+      a=$(pct "$p" <"$W/$2-$net.times"); b=$(pct "$p" <"$W/$3-$net.times")
+      # shellcheck disable=SC2059
+      printf "$4" "$1, $net network, p$p (ms)" "$a" "$b" "$(ratio "$a" "$b")"
+    done
+  done
+}
+
+# release_binaries TOP: sets BERTHD and BERTHCTL to TOP's release build; exits naming the
+# binary when one of them (or the shim) is missing.
+release_binaries() {
+  BERTHD=$1/target/release/berthd
+  BERTHCTL=$1/target/release/berthctl
+  local b
+  for b in "$BERTHD" "$BERTHCTL" "$1/target/release/berth-shim"; do
+    [ -x "$b" ] || { echo "build first: make build (missing $b)" >&2; exit 1; }
+  done
+}

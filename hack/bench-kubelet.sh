@@ -15,13 +15,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/.." && pwd)
+# shellcheck source=hack/bench-common.sh
+. "$here/bench-common.sh"
 N=${1:-20}
 IDLE_SECS=${IDLE_SECS:-30}
-BERTHD=$top/target/release/berthd
-BERTHCTL=$top/target/release/berthctl
-for b in "$BERTHD" "$BERTHCTL" "$top/target/release/berth-shim"; do
-  [ -x "$b" ] || { echo "build first: make build (missing $b)" >&2; exit 1; }
-done
+release_binaries "$top"
 if ! command -v containerd >/dev/null || ! command -v runc >/dev/null; then
   bash "$here/install-deps.sh" --bench
 fi
@@ -36,9 +34,6 @@ CNI_BIN=/usr/lib/cni
 TICK=$(getconf CLK_TCK)
 rt_pid=
 kubelet_pid=
-# shellcheck source=hack/bench-common.sh
-. "$here/bench-common.sh"
-
 our_procs() { pgrep -f "$1" 2>/dev/null | while read -r p; do grep -qF "$W" "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done; }
 kill_cgroups() {
   find /sys/fs/cgroup/*/ -maxdepth 1 -name "$CG-*" -type d 2>/dev/null |
@@ -62,10 +57,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 ms_now() { date +%s%3N; }
-pct() { sort -n | awk -v p="$1" '{a[NR]=$1} END {i=int((NR-1)*p/100)+1; print a[i]}'; }
 
 # conflist RUNTIME DIR: a bridge network of its own for RUNTIME in DIR/net.d.
 conflist() {
@@ -201,20 +193,10 @@ runtime_helpers() {
 shim_ticks() { local t=0 p; for p in $(runtime_helpers "$1"); do t=$((t + $(ticks "$p"))); done; echo "$t"; }
 
 push_pause "$W" "$PAUSE"
-echo "kubelet $("$BERTH_TEST_KUBELET" --version), N=$N pods one after another, image $IMAGE; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-for net in host pod; do
-  run berth "$net"
-  run containerd "$net"
-done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-ratio() { if [ "$2" = 0 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi; }
+echo "kubelet $("$BERTH_TEST_KUBELET" --version), N=$N pods one after another, image $IMAGE"
+run_networks berth containerd
 printf '%-44s %10s %12s %7s\n' "" berth containerd ratio
-for net in host pod; do
-  for p in 50 90; do
-    b=$(pct $p <"$W/berth-$net.times"); c=$(pct $p <"$W/containerd-$net.times")
-    printf '%-44s %10s %12s %7s\n' "manifest to running, $net network, p$p (ms)" "$b" "$c" "$(ratio "$b" "$c")"
-  done
-done
+latency_rows "manifest to running" berth containerd '%-44s %10s %12s %7s\n'
 read -r bk br brss bsh <"$W/berth.idle"; read -r ck cr crss csh <"$W/containerd.idle"
 printf '%-44s %10s %12s %7s\n' "kubelet CPU over ${IDLE_SECS}s, $N idle pods (ms)" "$bk" "$ck" "$(ratio "$bk" "$ck")"
 printf '%-44s %10s %12s %7s\n' "runtime CPU over ${IDLE_SECS}s (daemon+shims, ms)" "$br" "$cr" "$(ratio "$br" "$cr")"

@@ -260,7 +260,9 @@ impl Config {
         format!(
             "# Berth configuration ({DEFAULT_CONFIG_PATH}). Every field is optional; these are the defaults.\n\
              # Command-line flags override values from this file.\n\
-             # Unset by default: registry.ca_file = \"/path/to/ca.pem\" (an extra CA for every registry).\n\n{body}"
+             # Unset by default: registry.ca_file = \"/path/to/ca.pem\" (an extra CA for every registry);\n\
+             # agent.kubeconfig = \"/etc/berth/kubeconfig\" (join that API server as a node);\n\
+             # agent.node_name = \"NAME\" and agent.node_ip = \"IP\" (default: the host name, the default route's address).\n\n{body}"
         )
     }
 
