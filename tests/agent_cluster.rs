@@ -501,6 +501,17 @@ async fn config_maps_secrets_and_tokens_reach_volumes_and_env_and_follow_updates
         n.pod_path("objects", "{.status.containerStatuses[0].restartCount}"),
         "0"
     );
+    // The objects are watched, not read again at each refresh (every second here).
+    let reads = |cp: &ControlPlane| {
+        ["configmaps", "secrets"]
+            .iter()
+            .map(|r| cp.audited(&n.user(), "get", r).len())
+            .sum::<usize>()
+    };
+    let before = reads(&n.cp);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(reads(&n.cp), before, "objects read again while watched");
+    assert!(!n.cp.audited(&n.user(), "list", "configmaps").is_empty());
 
     // A missing configMap in env: the container waits with CreateContainerConfigError.
     n.cp.apply(&format!(

@@ -5,6 +5,7 @@
 
 pub mod events;
 pub mod kubeconfig;
+pub mod objects;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -22,6 +23,8 @@ pub struct Cluster {
     pub node_name: String,
     /// The Node's UID once registered (owner of the Lease and of mirror pods).
     node_uid: OnceLock<String>,
+    /// The configMaps and secrets the node's pods use, each kept by a watch.
+    pub objects: objects::ObjectCache,
 }
 
 impl Cluster {
@@ -38,6 +41,7 @@ impl Cluster {
             identity: loaded.identity,
             node_name: node_name.to_string(),
             node_uid: OnceLock::new(),
+            objects: objects::ObjectCache::default(),
         })
     }
 

@@ -1,8 +1,8 @@
 //! Volumes and env values from API objects: configMap and secret volumes (items, defaultMode,
 //! optional), projected volumes (configMap, secret, downwardAPI and serviceAccountToken sources,
 //! tokens from the TokenRequest API refreshed before 80 % of their life), and the configMap and
-//! secret keys that env and envFrom name. Read from the API server each time the pod's volumes
-//! are refreshed; what the node authorizer lets a node read is exactly these.
+//! secret keys that env and envFrom name. The objects come from the node's watch of each
+//! (`cluster/objects.rs`); tokens from the API server when they are due.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, KeyToPath, Pod, Secret, ServiceAccount, Volume, VolumeProjection,
+    Container, KeyToPath, Pod, ServiceAccount, Volume, VolumeProjection,
 };
 use kube::api::{Api, PostParams};
 
@@ -24,24 +24,8 @@ const DEFAULT_MODE: i32 = 0o644;
 /// Life of a service-account token without an expirationSeconds (the API's default).
 const DEFAULT_TOKEN_SECS: i64 = 3600;
 
-/// The keys of a configMap or secret (values as bytes), None when it does not exist.
-type Keys = Option<BTreeMap<String, Vec<u8>>>;
-
-/// An object's kind, for messages and the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    ConfigMap,
-    Secret,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::ConfigMap => "configmap",
-            Kind::Secret => "secret",
-        }
-    }
-}
+use crate::agent::cluster::objects::Keys;
+pub use crate::agent::cluster::objects::Kind;
 
 struct Token {
     token: String,
@@ -63,41 +47,12 @@ impl ApiObjects {
         }
     }
 
+    /// An object's keys, from the node's watch of it.
     async fn keys(&self, ns: &str, kind: Kind, name: &str) -> Result<Keys, String> {
-        let client = self.cluster.client.clone();
-        let what = format!("{} {name:?}", kind.name());
-        let found = match kind {
-            Kind::ConfigMap => Api::<ConfigMap>::namespaced(client, ns)
-                .get_opt(name)
-                .await
-                .map(|o| {
-                    o.map(|cm| {
-                        let mut keys: BTreeMap<String, Vec<u8>> = cm
-                            .data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.into_bytes()))
-                            .collect();
-                        for (k, v) in cm.binary_data.unwrap_or_default() {
-                            keys.insert(k, v.0);
-                        }
-                        keys
-                    })
-                }),
-            Kind::Secret => Api::<Secret>::namespaced(client, ns)
-                .get_opt(name)
-                .await
-                .map(|o| {
-                    o.map(|s| {
-                        s.data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.0))
-                            .collect()
-                    })
-                }),
-        };
-        found.map_err(|e| format!("{what}: {e}"))
+        self.cluster
+            .objects
+            .get(&self.cluster, kind, ns, name)
+            .await
     }
 
     /// The values env and envFrom of `containers` name, by kind and object (None: the object

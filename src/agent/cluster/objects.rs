@@ -1,0 +1,221 @@
+//! The configMaps and secrets the node's pods use, kept current by a watch each (a list, then
+//! a watch, of that one object by `metadata.name`, as the kubelet's watch-based manager does
+//! and as the node authorizer allows): a pod reads them from here, so an idle node sends no
+//! GET per pod and refresh. A watch nobody read for ten minutes is stopped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use tokio::sync::watch;
+
+use super::{Cluster, retry_delay, status_code};
+
+/// The keys of a configMap or secret (values as bytes); None when it does not exist.
+pub type Keys = Option<BTreeMap<String, Vec<u8>>>;
+
+/// An object's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ConfigMap,
+    Secret,
+}
+
+impl Kind {
+    /// The kind as the kubelet's messages name it (`configmap`, `secret`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "configmap",
+            Kind::Secret => "secret",
+        }
+    }
+}
+
+/// How long a first read waits for its watch's first answer.
+const FIRST_READ: Duration = Duration::from_secs(10);
+/// How long a watch nobody reads lives on.
+const IDLE: Duration = Duration::from_secs(600);
+
+type ObjectKey = (Kind, String, String);
+
+struct Entry {
+    value: watch::Receiver<Option<Keys>>,
+    last_read: Instant,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The watched objects.
+#[derive(Default)]
+pub struct ObjectCache {
+    entries: Mutex<HashMap<ObjectKey, Entry>>,
+}
+
+impl ObjectCache {
+    /// The keys of object `name` of `kind` in `ns` (None: it does not exist), from its watch
+    /// (started now if there is none; the first read waits for its first answer).
+    pub async fn get(
+        &self,
+        cluster: &Arc<Cluster>,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Keys, String> {
+        let key = (kind, ns.to_string(), name.to_string());
+        let mut rx = {
+            let Ok(mut entries) = self.entries.lock() else {
+                return Err("the object cache is unusable".into());
+            };
+            let now = Instant::now();
+            entries.retain(|_, e| {
+                let keep = now.duration_since(e.last_read) < IDLE;
+                if !keep {
+                    e.task.abort();
+                }
+                keep
+            });
+            let entry = entries.entry(key.clone()).or_insert_with(|| {
+                let (tx, rx) = watch::channel(None);
+                let task = tokio::spawn(follow(cluster.clone(), key.clone(), tx));
+                Entry {
+                    value: rx,
+                    last_read: now,
+                    task,
+                }
+            });
+            entry.last_read = now;
+            entry.value.clone()
+        };
+        let first = tokio::time::timeout(FIRST_READ, rx.wait_for(Option::is_some)).await;
+        match first {
+            Ok(Ok(v)) => Ok(v.clone().flatten()),
+            _ => Err(format!(
+                "{} {name:?}: no answer from the API server in {FIRST_READ:?}",
+                kind.name()
+            )),
+        }
+    }
+}
+
+/// Lists then watches one object forever, publishing its keys.
+async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<Keys>>) {
+    let (kind, ns, name) = key;
+    let selector = format!("metadata.name={name}");
+    let mut failures = 0u32;
+    loop {
+        let listed = match kind {
+            Kind::ConfigMap => Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns)
+                .list(&ListParams::default().fields(&selector))
+                .await
+                .map(|l| {
+                    let rv = l.metadata.resource_version.unwrap_or_default();
+                    (l.items.into_iter().next().map(config_map_keys), rv)
+                }),
+            Kind::Secret => Api::<Secret>::namespaced(cluster.client.clone(), &ns)
+                .list(&ListParams::default().fields(&selector))
+                .await
+                .map(|l| {
+                    let rv = l.metadata.resource_version.unwrap_or_default();
+                    (l.items.into_iter().next().map(secret_keys), rv)
+                }),
+        };
+        let mut rv = match listed {
+            Ok((keys, rv)) => {
+                failures = 0;
+                tx.send_replace(Some(keys));
+                rv
+            }
+            Err(e) => {
+                failures += 1;
+                cluster.log_failure(&format!("read {} {ns}/{name}", kind.name()), &e);
+                tokio::time::sleep(retry_delay(failures)).await;
+                continue;
+            }
+        };
+        // Watch until the version is gone (then list again).
+        loop {
+            let params = WatchParams::default().fields(&selector).timeout(290);
+            let gone = match kind {
+                Kind::ConfigMap => {
+                    let api = Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns);
+                    watch_one(&api, &params, &mut rv, &tx, config_map_keys).await
+                }
+                Kind::Secret => {
+                    let api = Api::<Secret>::namespaced(cluster.client.clone(), &ns);
+                    watch_one(&api, &params, &mut rv, &tx, secret_keys).await
+                }
+            };
+            match gone {
+                Ok(true) => break,
+                Ok(false) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    cluster.log_failure(&format!("watch {} {ns}/{name}", kind.name()), &e);
+                    tokio::time::sleep(retry_delay(failures)).await;
+                }
+            }
+        }
+    }
+}
+
+/// One watch request: publishes each change; Ok(true) when the version is gone.
+async fn watch_one<K>(
+    api: &Api<K>,
+    params: &WatchParams,
+    rv: &mut String,
+    tx: &watch::Sender<Option<Keys>>,
+    keys_of: fn(K) -> BTreeMap<String, Vec<u8>>,
+) -> Result<bool, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let stream = match api.watch(params, rv).await {
+        Ok(s) => s,
+        Err(e) if status_code(&e) == Some(410) => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
+                if let Some(v) = o.meta().resource_version.clone() {
+                    *rv = v;
+                }
+                tx.send_replace(Some(Some(keys_of(o))));
+            }
+            Ok(WatchEvent::Deleted(o)) => {
+                if let Some(v) = o.meta().resource_version.clone() {
+                    *rv = v;
+                }
+                tx.send_replace(Some(None));
+            }
+            Ok(WatchEvent::Bookmark(b)) => *rv = b.metadata.resource_version,
+            Ok(WatchEvent::Error(e)) if e.code == 410 => return Ok(true),
+            Ok(WatchEvent::Error(_)) | Err(_) => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
+fn config_map_keys(cm: ConfigMap) -> BTreeMap<String, Vec<u8>> {
+    let mut keys: BTreeMap<String, Vec<u8>> = cm
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    for (k, v) in cm.binary_data.unwrap_or_default() {
+        keys.insert(k, v.0);
+    }
+    keys
+}
+
+fn secret_keys(s: Secret) -> BTreeMap<String, Vec<u8>> {
+    s.data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
