@@ -33,6 +33,15 @@ impl AgentNode {
     /// The control plane, then berthd with its agent joining it; `agent_toml` adds `[agent]`
     /// settings.
     fn start(agent_toml: &str) -> Self {
+        Self::start_with(agent_toml, |cp, _| (cp.node_kubeconfig(), Vec::new()))
+    }
+
+    /// As [`AgentNode::start`], with `setup` run once the control plane is up: it returns the
+    /// kubeconfig the agent joins with and extra berthd flags.
+    fn start_with(
+        agent_toml: &str,
+        setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
+    ) -> Self {
         let tag = TempDir::new("nodename");
         let node = tag
             .path()
@@ -47,9 +56,10 @@ impl AgentNode {
         net.write("10-test.conflist", &net.standard());
         net.bridge_up();
         let cp = ControlPlane::start(&node);
+        let (kubeconfig, extra) = setup(&cp, &node);
         let mut args: Vec<String> = [
             "--kubeconfig",
-            &cp.node_kubeconfig().display().to_string(),
+            &kubeconfig.display().to_string(),
             "--node-name",
             &node,
             "--node-labels",
@@ -63,6 +73,7 @@ impl AgentNode {
         .map(|s| s.to_string())
         .collect();
         args.extend(net.daemon_args());
+        args.extend(extra);
         let agent = Agent::start_with_config(&args, agent_toml);
         let ready = |cp: &ControlPlane| {
             cp.jsonpath(
@@ -938,4 +949,168 @@ async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_ku
         "--wait=true",
         "--timeout=60s",
     ]);
+}
+
+/// A kubeconfig for the API server of `cp` authenticating with `user` (YAML of a kubeconfig
+/// user), written into the control plane's directory as `file`.
+fn user_kubeconfig(cp: &ControlPlane, file: &str, user: &str) -> std::path::PathBuf {
+    let path = cp.dir.path().join(file);
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}', certificate-authority: {ca}}}\nusers:\n- name: u\n  user: {user}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            port = cp.api_port,
+            ca = cp.ca().display(),
+        ),
+    )
+    .expect("kubeconfig");
+    path
+}
+
+/// A bearer token of a service account in kube-system bound to `cluster_role`.
+fn service_account_token(cp: &ControlPlane, name: &str, cluster_role: &str) -> String {
+    cp.kubectl_ok(&["-n", "kube-system", "create", "serviceaccount", name]);
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        name,
+        &format!("--clusterrole={cluster_role}"),
+        &format!("--serviceaccount=kube-system:{name}"),
+    ]);
+    let mut secret = String::new();
+    cp.wait(
+        "the service account's token",
+        Duration::from_secs(60),
+        |cp| {
+            secret = cp.jsonpath(
+                &["-n", "kube-system", "serviceaccount", name],
+                "{.secrets[0].name}",
+            );
+            !secret.is_empty()
+        },
+    );
+    let b64 = cp.jsonpath(&["-n", "kube-system", "secret", &secret], "{.data.token}");
+    let out = std::process::Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(b64.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("base64");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn an_admins_node_is_adopted_with_a_token_file_and_refused_credentials_are_named() {
+    let mut admin_uid = String::new();
+    let n = AgentNode::start_with("", |cp, node| {
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels: {{admin-made: \"yes\"}}\n"
+        ));
+        admin_uid = cp.jsonpath(&["node", node], "{.metadata.uid}");
+        let token = service_account_token(cp, "berth-node", "cluster-admin");
+        let file = cp.dir.path().join("node.token");
+        std::fs::write(&file, token).expect("token file");
+        let kubeconfig = user_kubeconfig(
+            cp,
+            "token.kubeconfig",
+            &format!("{{tokenFile: {}}}", file.display()),
+        );
+        (kubeconfig, vec!["--register-node=false".to_string()])
+    });
+    assert!(!admin_uid.is_empty());
+    assert_eq!(
+        n.node_path("{.metadata.uid}"),
+        admin_uid,
+        "the Node was made again"
+    );
+    assert_eq!(n.node_path("{.metadata.labels.admin-made}"), "yes");
+    assert_eq!(
+        n.node_path("{.metadata.labels.kubernetes\\.io/hostname}"),
+        n.node
+    );
+    assert!(
+        n.agent.daemon.log().contains("adopted=true"),
+        "{}",
+        tail(&n.agent.daemon.log(), 20)
+    );
+
+    // A second berthd whose token the API server refuses: it runs, says who was refused for
+    // what, and its file pods run.
+    let bad = user_kubeconfig(&n.cp, "bad.kubeconfig", "{token: not-a-token}");
+    let net = cni_support::TestNet::new("badcreds");
+    net.write("10-test.conflist", &net.standard());
+    net.bridge_up();
+    let mut args: Vec<String> = [
+        "--kubeconfig",
+        &bad.display().to_string(),
+        "--node-name",
+        "refused-node",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(net.daemon_args());
+    let other = Agent::start_with_config(&args, "");
+    other.write(
+        "local.yaml",
+        &agent_support::pod_yaml("local", "while true; do sleep 1; done", "", ""),
+    );
+    other.wait("the file pod running", Duration::from_secs(60), |a| {
+        // In a cluster a static pod's name carries the node's.
+        a.pod("default", "local-refused-node")
+            .is_some_and(|p| agent_support::running(&p, "main"))
+    });
+    other.wait("the refusal logged", Duration::from_secs(30), |a| {
+        let log = a.daemon.log();
+        log.contains("401 Unauthorized") && log.contains("identity=user \"u\" (bearer token)")
+    });
+    other.finish().await;
+}
+
+#[tokio::test]
+async fn evicted_pods_stay_failed_in_the_api_and_missing_volume_objects_hold_the_pod() {
+    let n = AgentNode::start("eviction_monitoring_period_secs = 0.5\n");
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: fills\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'dd if=/dev/zero of=/scratch/blob bs=1M count=3 && sleep 3600']\n    volumeMounts: [{{name: scratch, mountPath: /scratch}}]\n  volumes:\n  - name: scratch\n    emptyDir: {{sizeLimit: 1Mi}}\n",
+        ns = n.ns,
+        node = n.node,
+        image = image("busybox:latest"),
+    ));
+    n.wait_pod("Evicted", "fills", "{.status.reason}", "Evicted");
+    assert_eq!(n.pod_path("fills", "{.status.phase}"), "Failed");
+    assert_eq!(
+        n.pod_path(
+            "fills",
+            "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}"
+        ),
+        "True"
+    );
+    // Not deleted by the node: it stays for its owner to see.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(n.cp.kubectl(&["-n", &n.ns, "get", "pod", "fills"]).0);
+
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: nosecret\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '3600']\n    volumeMounts: [{{name: s, mountPath: /s}}]\n  volumes:\n  - name: s\n    secret: {{secretName: nope}}\n",
+        ns = n.ns,
+        node = n.node,
+        image = image("busybox:latest"),
+    ));
+    n.wait_pod(
+        "ContainerCreating",
+        "nosecret",
+        "{.status.containerStatuses[0].state.waiting.reason}",
+        "ContainerCreating",
+    );
+    n.cp.wait("the missing secret named", Duration::from_secs(30), |_| {
+        n.pod_path(
+            "nosecret",
+            "{.status.containerStatuses[0].state.waiting.message}",
+        )
+        .contains("secret \"nope\" not found")
+    });
 }
