@@ -1114,3 +1114,83 @@ async fn evicted_pods_stay_failed_in_the_api_and_missing_volume_objects_hold_the
         .contains("secret \"nope\" not found")
     });
 }
+
+#[tokio::test]
+async fn a_node_shutdown_turns_the_node_not_ready_before_its_pods_end() {
+    let n = AgentNode::start("shutdown_grace_period_secs = 6.0\n");
+    // Takes 3 s to stop: the node must be NotReady in the API while it still runs.
+    n.create_pod(
+        "slow",
+        5,
+        "trap 'sleep 3; exit 0' TERM; while true; do sleep 1; done",
+    );
+    n.wait_pod("Running", "slow", "{.status.phase}", "Running");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("--agent-address")
+        .arg(format!("127.0.0.1:{}", n.agent.port()))
+        .args(["node", "shutdown"])
+        .output()
+        .expect("berthctl");
+    assert!(out.status.success(), "{out:?}");
+    n.cp.wait("the node NotReady", Duration::from_secs(10), |_| {
+        n.node_path("{.status.conditions[?(@.type==\"Ready\")].status}") == "False"
+    });
+    n.wait_pod("ended", "slow", "{.status.phase}", "Failed");
+    // The node turned NotReady before the pod's container ended.
+    let not_ready = n.node_path("{.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}");
+    let finished = n.pod_path(
+        "slow",
+        "{.status.containerStatuses[0].state.terminated.finishedAt}",
+    );
+    eprintln!("node NotReady at {not_ready}, container finished at {finished}");
+    assert!(
+        !finished.is_empty() && not_ready < finished,
+        "NotReady at {not_ready}, the container finished at {finished}"
+    );
+    assert_eq!(
+        n.pod_path(
+            "slow",
+            "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}"
+        ),
+        "True"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_deleted_while_berthd_was_down_is_stopped_at_its_start() {
+    let mut n = AgentNode::start("");
+    n.create_pod("doomed", 1, "while true; do sleep 1; done");
+    n.create_pod("kept", 1, "while true; do sleep 1; done");
+    n.wait_pod("Running", "doomed", "{.status.phase}", "Running");
+    n.wait_pod("Running", "kept", "{.status.phase}", "Running");
+    let kept = n.pod_path("kept", "{.status.containerStatuses[0].containerID}");
+    n.agent.daemon.stop();
+    n.cp.kubectl_ok(&[
+        "-n",
+        &n.ns,
+        "delete",
+        "pod",
+        "doomed",
+        "--force",
+        "--grace-period=0",
+    ]);
+    n.agent.respawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !n.sandboxes("doomed").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted pod's sandbox stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    n.wait_pod(
+        "kept Ready",
+        "kept",
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+        "True",
+    );
+    assert_eq!(
+        n.pod_path("kept", "{.status.containerStatuses[0].containerID}"),
+        kept
+    );
+}
