@@ -1143,6 +1143,7 @@ async fn a_node_shutdown_turns_the_node_not_ready_before_its_pods_end() {
         "{.status.containerStatuses[0].state.terminated.finishedAt}",
     );
     eprintln!("node NotReady at {not_ready}, container finished at {finished}");
+
     assert!(
         !finished.is_empty() && not_ready < finished,
         "NotReady at {not_ready}, the container finished at {finished}"
