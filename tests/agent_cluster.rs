@@ -435,7 +435,7 @@ async fn config_maps_secrets_and_tokens_reach_volumes_and_env_and_follow_updates
         "--from-literal=password=s3cret",
     ]);
     n.cp.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: objects\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'while true; do sleep 1; done']\n    env:\n    - {{name: GREETING, valueFrom: {{configMapKeyRef: {{name: cfg, key: greeting}}}}}}\n    - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: sec, key: password}}}}}}\n    - {{name: ABSENT, valueFrom: {{configMapKeyRef: {{name: nope, key: k, optional: true}}}}}}\n    envFrom:\n    - {{prefix: CFG_, configMapRef: {{name: cfg}}}}\n    volumeMounts:\n    - {{name: cfgvol, mountPath: /etc/cfg}}\n    - {{name: secvol, mountPath: /etc/sec}}\n    - {{name: tokvol, mountPath: /var/run/secrets/tokens}}\n  volumes:\n  - name: cfgvol\n    configMap: {{name: cfg, items: [{{key: greeting, path: hello.txt}}]}}\n  - name: secvol\n    secret: {{secretName: sec, defaultMode: 0400}}\n  - name: tokvol\n    projected:\n      sources:\n      - serviceAccountToken: {{path: token, audience: 'https://kubernetes.default.svc', expirationSeconds: 600}}\n      - configMap: {{name: cfg, items: [{{key: color, path: color}}]}}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: objects\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'while true; do sleep 1; done']\n    env:\n    - {{name: GREETING, valueFrom: {{configMapKeyRef: {{name: cfg, key: greeting}}}}}}\n    - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: sec, key: password}}}}}}\n    - {{name: ABSENT, valueFrom: {{configMapKeyRef: {{name: nope, key: k, optional: true}}}}}}\n    envFrom:\n    - {{prefix: CFG_, configMapRef: {{name: cfg}}}}\n    volumeMounts:\n    - {{name: cfgvol, mountPath: /etc/cfg}}\n    - {{name: secvol, mountPath: /etc/sec}}\n    - {{name: tokvol, mountPath: /var/run/secrets/tokens}}\n  volumes:\n  - name: cfgvol\n    configMap: {{name: cfg, items: [{{key: greeting, path: hello.txt}}]}}\n  - name: secvol\n    secret: {{secretName: sec, defaultMode: 0400}}\n  - name: tokvol\n    projected:\n      sources:\n      - serviceAccountToken: {{path: token, audience: 'https://kubernetes.default.svc', expirationSeconds: 600}}\n      - configMap: {{name: cfg, items: [{{key: color, path: color}}]}}\n      - configMap: {{name: kube-root-ca.crt, items: [{{key: ca.crt, path: ca.crt}}]}}\n",
         node = n.node,
         image = image("busybox:latest"),
     ));
@@ -462,6 +462,12 @@ async fn config_maps_secrets_and_tokens_reach_volumes_and_env_and_follow_updates
     assert_eq!(
         exec(&n, &id, &["cat", "/var/run/secrets/tokens/color"]).await,
         "blue"
+    );
+    // The cluster's CA from the kube-root-ca.crt configMap the controller manager publishes.
+    let ca = std::fs::read_to_string(n.cp.ca()).expect("ca");
+    assert_eq!(
+        exec(&n, &id, &["cat", "/var/run/secrets/tokens/ca.crt"]).await,
+        ca
     );
     // The secret lives on a tmpfs, never on the node's disk.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
@@ -1113,6 +1119,25 @@ async fn evicted_pods_stay_failed_in_the_api_and_missing_volume_objects_hold_the
         )
         .contains("secret \"nope\" not found")
     });
+    // A volume kind the node cannot make: the pod waits, the message names the volume.
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: nfs\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '3600']\n    volumeMounts: [{{name: share, mountPath: /share}}]\n  volumes:\n  - name: share\n    nfs: {{server: 127.0.0.1, path: /exports}}\n",
+        ns = n.ns,
+        node = n.node,
+        image = image("busybox:latest"),
+    ));
+    n.cp.wait("the unknown volume named", Duration::from_secs(30), |_| {
+        n.pod_path(
+            "nfs",
+            "{.status.containerStatuses[0].state.waiting.message}",
+        )
+        .contains("\"share\"")
+    });
+    assert_eq!(
+        n.pod_path("nfs", "{.status.containerStatuses[0].state.waiting.reason}"),
+        "ContainerCreating"
+    );
+    assert_eq!(n.pod_path("fills", "{.status.phase}"), "Failed");
 }
 
 #[tokio::test]
