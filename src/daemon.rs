@@ -25,12 +25,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             );
         }
     }
-    if config.agent.enabled
-        && let Some(kubeconfig) = &config.agent.kubeconfig
-    {
-        // A node that cannot authenticate is refused at once, not found out later in a log.
-        crate::agent::cluster::kubeconfig::load(kubeconfig).await?;
-    }
+    // A node that cannot authenticate is refused at once, not found out later in a log.
+    let cluster = match &config.agent.kubeconfig {
+        Some(kubeconfig) if config.agent.enabled => {
+            let name = crate::agent::node::status::node_name(config.agent.node_name.as_deref());
+            Some(Arc::new(
+                crate::agent::cluster::Cluster::connect(kubeconfig, &name).await?,
+            ))
+        }
+        _ => None,
+    };
     let lock = cri::server::lock_root(&config.root)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
@@ -102,6 +106,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             config.socket.clone(),
             config.state_dir.clone(),
             config.root.clone(),
+            cluster,
         );
     }
     cri::serve(

@@ -41,9 +41,6 @@ pub enum AgentError {
     /// The CRI socket did not answer.
     #[error("agent: connecting to the CRI socket {path}: {error}")]
     Connect { path: PathBuf, error: String },
-    /// The kubeconfig cannot be used.
-    #[error("agent: {0}")]
-    Kubeconfig(#[from] cluster::KubeconfigError),
     /// The status endpoint could not listen.
     #[error("agent: listening on {address}: {error}")]
     Listen {
@@ -95,12 +92,14 @@ pub struct AgentContext {
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
-/// the node status loop and the status endpoint. Returns once the endpoint listens.
+/// the node status loop and the status endpoint, and with `cluster` the node's part in it.
+/// Returns once the endpoint listens.
 pub async fn start(
     cfg: &AgentConfig,
     socket: &std::path::Path,
     state_dir: &std::path::Path,
     root: &std::path::Path,
+    cluster: Option<Arc<cluster::Cluster>>,
 ) -> Result<(), AgentError> {
     // A stale address from the previous run must not be read as this run's.
     let _ = std::fs::remove_file(state_dir.join("agent/endpoint"));
@@ -124,10 +123,6 @@ pub async fn start(
         }
     };
     let node = NodeIdentity::detect(cfg.node_name.as_deref(), cfg.node_ip.as_deref());
-    let cluster = match &cfg.kubeconfig {
-        Some(path) => Some(Arc::new(cluster::Cluster::connect(path, &node.name).await?)),
-        None => None,
-    };
     let ctx = Arc::new(AgentContext {
         client,
         pod_log_dir: cfg.pod_log_dir.clone(),
@@ -244,8 +239,15 @@ pub async fn start(
 }
 
 /// Starts the agent in the background once the CRI socket at `socket` accepts connections
-/// (berthd calls this just before it starts serving). A failure is logged; CRI keeps serving.
-pub fn spawn_when_ready(cfg: AgentConfig, socket: PathBuf, state_dir: PathBuf, root: PathBuf) {
+/// (berthd calls this just before it starts serving), joining `cluster` when given. A failure is
+/// logged; CRI keeps serving.
+pub fn spawn_when_ready(
+    cfg: AgentConfig,
+    socket: PathBuf,
+    state_dir: PathBuf,
+    root: PathBuf,
+    cluster: Option<Arc<cluster::Cluster>>,
+) {
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while tokio::net::UnixStream::connect(&socket).await.is_err() {
@@ -255,7 +257,7 @@ pub fn spawn_when_ready(cfg: AgentConfig, socket: PathBuf, state_dir: PathBuf, r
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if let Err(e) = start(&cfg, &socket, &state_dir, &root).await {
+        if let Err(e) = start(&cfg, &socket, &state_dir, &root, cluster).await {
             tracing::error!(error = %e, "node agent not started");
         }
     });

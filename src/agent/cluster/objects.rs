@@ -102,57 +102,55 @@ impl ObjectCache {
 /// Lists then watches one object forever, publishing its keys.
 async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<Keys>>) {
     let (kind, ns, name) = key;
+    let what = format!("{} {ns}/{name}", kind.name());
+    match kind {
+        Kind::ConfigMap => {
+            let api = Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns);
+            follow_one(&cluster, &api, &name, &what, &tx, config_map_keys).await;
+        }
+        Kind::Secret => {
+            let api = Api::<Secret>::namespaced(cluster.client.clone(), &ns);
+            follow_one(&cluster, &api, &name, &what, &tx, secret_keys).await;
+        }
+    }
+}
+
+/// [`follow`] for one kind of object.
+async fn follow_one<K>(
+    cluster: &Cluster,
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    tx: &watch::Sender<Option<Keys>>,
+    keys_of: fn(K) -> BTreeMap<String, Vec<u8>>,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let selector = format!("metadata.name={name}");
     let mut failures = 0u32;
     loop {
-        let listed = match kind {
-            Kind::ConfigMap => Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns)
-                .list(&ListParams::default().fields(&selector))
-                .await
-                .map(|l| {
-                    let rv = l.metadata.resource_version.unwrap_or_default();
-                    (l.items.into_iter().next().map(config_map_keys), rv)
-                }),
-            Kind::Secret => Api::<Secret>::namespaced(cluster.client.clone(), &ns)
-                .list(&ListParams::default().fields(&selector))
-                .await
-                .map(|l| {
-                    let rv = l.metadata.resource_version.unwrap_or_default();
-                    (l.items.into_iter().next().map(secret_keys), rv)
-                }),
-        };
-        let mut rv = match listed {
-            Ok((keys, rv)) => {
+        let mut rv = match api.list(&ListParams::default().fields(&selector)).await {
+            Ok(l) => {
                 failures = 0;
-                tx.send_replace(Some(keys));
-                rv
+                tx.send_replace(Some(l.items.into_iter().next().map(keys_of)));
+                l.metadata.resource_version.unwrap_or_default()
             }
             Err(e) => {
                 failures += 1;
-                cluster.log_failure(&format!("read {} {ns}/{name}", kind.name()), &e);
+                cluster.log_failure(&format!("read {what}"), &e);
                 tokio::time::sleep(retry_delay(failures)).await;
                 continue;
             }
         };
         // Watch until the version is gone (then list again).
+        let params = WatchParams::default().fields(&selector).timeout(290);
         loop {
-            let params = WatchParams::default().fields(&selector).timeout(290);
-            let gone = match kind {
-                Kind::ConfigMap => {
-                    let api = Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns);
-                    watch_one(&api, &params, &mut rv, &tx, config_map_keys).await
-                }
-                Kind::Secret => {
-                    let api = Api::<Secret>::namespaced(cluster.client.clone(), &ns);
-                    watch_one(&api, &params, &mut rv, &tx, secret_keys).await
-                }
-            };
-            match gone {
+            match watch_one(api, &params, &mut rv, tx, keys_of).await {
                 Ok(true) => break,
                 Ok(false) => failures = 0,
                 Err(e) => {
                     failures += 1;
-                    cluster.log_failure(&format!("watch {} {ns}/{name}", kind.name()), &e);
+                    cluster.log_failure(&format!("watch {what}"), &e);
                     tokio::time::sleep(retry_delay(failures)).await;
                 }
             }

@@ -38,18 +38,27 @@ pub struct NodeIdentity {
     pub memory_bytes: u64,
 }
 
+/// The machine's host name.
+fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The node's name: `configured`, else the host name, lower-cased.
+pub fn node_name(configured: Option<&str>) -> String {
+    configured
+        .map(str::to_string)
+        .unwrap_or_else(|| hostname().to_lowercase())
+}
+
 impl NodeIdentity {
     /// Looks the node up on this machine (`ip` overrides the default route's address).
     pub fn detect(name: Option<&str>, ip: Option<&str>) -> Self {
-        let hostname = rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .into_owned();
         Self {
-            name: name
-                .map(str::to_string)
-                .unwrap_or_else(|| hostname.to_lowercase()),
-            hostname,
+            name: node_name(name),
+            hostname: hostname(),
             internal_ip: ip
                 .map(str::to_string)
                 .or_else(internal_ip)

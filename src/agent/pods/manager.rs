@@ -79,12 +79,34 @@ impl PodManager {
     }
 
     /// The API server's mirror pods of this node now.
+    /// (Any other pod's event also lands here: only a change of what the mirror pod task and
+    /// the status targets read — a mirror's UID, hash or deletion — wakes them.)
     pub fn set_mirrors(&self, mirrors: BTreeMap<PodKey, Pod>) {
-        if let Ok(mut st) = self.state.lock() {
-            st.mirrors = mirrors;
+        let seen =
+            |m: &BTreeMap<PodKey, Pod>| -> Vec<(PodKey, Option<String>, Option<String>, bool)> {
+                m.iter()
+                    .map(|(k, p)| {
+                        let hash = p
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(super::mirror::MIRROR_ANNOTATION).cloned());
+                        (k.clone(), p.metadata.uid.clone(), hash, being_deleted(p))
+                    })
+                    .collect()
+            };
+        let changed = match self.state.lock() {
+            Ok(mut st) => {
+                let changed = seen(&st.mirrors) != seen(&mirrors);
+                st.mirrors = mirrors;
+                changed
+            }
+            Err(_) => false,
+        };
+        if changed {
+            self.mirrors_changed.notify_one();
+            self.targets.send_modify(|n| *n += 1);
         }
-        self.mirrors_changed.notify_one();
-        self.targets.send_modify(|n| *n += 1);
     }
 
     /// The static pods and the mirror pods, for the mirror pod task.
@@ -158,34 +180,39 @@ impl PodManager {
     }
 
     fn reconcile(self: &Arc<Self>) {
-        let Ok(mut st) = self.state.lock() else {
+        let Ok(mut guard) = self.state.lock() else {
             return;
         };
+        let State {
+            sets,
+            workers,
+            orphans_removed,
+            refused,
+            ..
+        } = &mut *guard;
         // Files win over the API server for a pod both name.
-        let mut union: BTreeMap<PodKey, (Source, DesiredPod)> = BTreeMap::new();
+        let mut union: BTreeMap<&PodKey, (Source, &DesiredPod)> = BTreeMap::new();
         for source in [Source::Api, Source::File] {
-            for (k, d) in st.sets.get(&source).into_iter().flatten() {
-                union.insert(k.clone(), (source, d.clone()));
+            for (k, d) in sets.get(&source).into_iter().flatten() {
+                union.insert(k, (source, d));
             }
         }
-        let all_reported = st.sets.contains_key(&Source::File)
-            && (self.cluster.is_none() || st.sets.contains_key(&Source::Api));
-        if all_reported && !st.orphans_removed {
-            st.orphans_removed = true;
+        let all_reported = sets.contains_key(&Source::File)
+            && (self.cluster.is_none() || sets.contains_key(&Source::Api));
+        if all_reported && !*orphans_removed {
+            *orphans_removed = true;
             let uids: HashSet<String> = union.values().map(|(_, d)| d.uid.clone()).collect();
             let ctx = self.ctx.clone();
             tokio::spawn(async move { remove_orphans(&ctx, &uids).await });
         }
-        for (key, w) in st.workers.iter_mut() {
-            let wanted = union
-                .get(key)
-                .filter(|(_, d)| d.uid == w.uid && d.hash == w.hash && !being_deleted(&d.pod));
+        for (key, w) in workers.iter_mut() {
+            let current = union.get(key).filter(|(_, d)| d.uid == w.uid);
+            let wanted = current.filter(|(_, d)| d.hash == w.hash && !being_deleted(&d.pod));
             if wanted.is_some() || *w.desire.borrow() != Desire::Run {
                 continue;
             }
-            let deleting = union
-                .get(key)
-                .filter(|(s, d)| *s == Source::Api && d.uid == w.uid && being_deleted(&d.pod))
+            let deleting = current
+                .filter(|(s, d)| *s == Source::Api && being_deleted(&d.pod))
                 .map(|(_, d)| d.pod.clone());
             let grace = deleting
                 .as_ref()
@@ -195,73 +222,68 @@ impl PodManager {
             let _ = w.desire.send(Desire::Stop { grace_secs: grace });
         }
         // Refused pods the API server no longer has are forgotten; deleted ones are finished.
-        let gone: Vec<PodKey> = st
-            .refused
-            .iter()
-            .filter(|(k, uid)| {
-                union
-                    .get(*k)
-                    .is_none_or(|(_, d)| d.uid != **uid || being_deleted(&d.pod))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in gone {
-            st.refused.remove(&key);
-            self.ctx.pods.remove(&key);
-            if let (Some(cluster), Some((Source::Api, d))) = (&self.cluster, union.get(&key))
-                && being_deleted(&d.pod)
-            {
+        refused.retain(|key, uid| {
+            let current = union.get(key).filter(|(_, d)| d.uid == *uid);
+            if current.is_some_and(|(_, d)| !being_deleted(&d.pod)) {
+                return true;
+            }
+            self.ctx.pods.remove(key);
+            if let (Some(cluster), Some((_, d))) = (&self.cluster, current) {
                 let (cluster, pod) = (cluster.clone(), d.pod.clone());
                 tokio::spawn(async move { finish_deletion(&cluster, &pod).await });
             }
-        }
-        let mut starts: Vec<(PodKey, Source, DesiredPod)> = union
-            .iter()
-            .filter(|(k, _)| !st.workers.contains_key(*k) && !st.refused.contains_key(*k))
-            .filter(|(_, (_, d))| !being_deleted(&d.pod) && !finished(&d.pod))
-            .map(|(k, (s, d))| (k.clone(), *s, d.clone()))
-            .collect();
-        // Admitted in the order they were made, as the kubelet admits them.
-        starts.sort_by(|a, b| {
-            let t = |d: &DesiredPod| d.pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            t(&a.2).cmp(&t(&b.2))
+            false
         });
-        let view = self.node_view();
-        let mut admitted: Vec<Pod> = st
-            .workers
+        let mut starts: Vec<(&PodKey, Source, &DesiredPod)> = union
+            .iter()
+            .filter(|(k, _)| !workers.contains_key(**k) && !refused.contains_key(**k))
+            .filter(|(_, (_, d))| !being_deleted(&d.pod) && !finished(&d.pod))
+            .map(|(k, (s, d))| (*k, *s, *d))
+            .collect();
+        if starts.is_empty() {
+            return;
+        }
+        // Admitted in the order they were made, as the kubelet admits them, beside the pods
+        // already running.
+        starts.sort_by_key(|(_, _, d)| d.pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
+        let view = starts
+            .iter()
+            .any(|(_, s, _)| *s == Source::Api)
+            .then(|| self.node_view());
+        let mut admitted: Vec<&Pod> = workers
             .keys()
-            .filter_map(|k| union.get(k).map(|(_, d)| d.pod.clone()))
+            .filter_map(|k| union.get(k).map(|(_, d)| &d.pod))
             .collect();
         for (key, source, d) in starts {
-            if source == Source::Api {
-                let others: Vec<&Pod> = admitted.iter().collect();
-                if let Err(r) = admission::admit(&d.pod, &others, &view) {
-                    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
-                    let mut pod = d.pod.clone();
-                    pod.status = Some(PodStatus {
-                        phase: Some("Failed".into()),
-                        reason: Some(r.reason),
-                        message: Some(r.message),
-                        ..Default::default()
-                    });
-                    self.ctx.pods.insert(key.clone(), pod);
-                    st.refused.insert(key, d.uid.clone());
-                    self.targets.send_modify(|n| *n += 1);
-                    continue;
-                }
+            if let (Source::Api, Some(view)) = (source, &view)
+                && let Err(r) = admission::admit(&d.pod, &admitted, view)
+            {
+                tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
+                let mut pod = d.pod.clone();
+                pod.status = Some(PodStatus {
+                    phase: Some("Failed".into()),
+                    reason: Some(r.reason),
+                    message: Some(r.message),
+                    ..Default::default()
+                });
+                self.ctx.pods.insert(key.clone(), pod);
+                refused.insert(key.clone(), d.uid.clone());
+                self.targets.send_modify(|n| *n += 1);
+                continue;
             }
-            admitted.push(d.pod.clone());
+            admitted.push(&d.pod);
             let (desire, rx) = watch::channel(Desire::Run);
-            let worker = PodWorker::new(d.clone(), self.ctx.clone());
-            let me = self.clone();
-            let done_key = key.clone();
-            let uid = d.uid.clone();
+            let worker = tokio::spawn(PodWorker::new(d.clone(), self.ctx.clone()).run(rx));
+            let (me, done_key, uid) = (self.clone(), key.clone(), d.uid.clone());
+            // A worker that panics ends too: it is forgotten and its pod started again.
             tokio::spawn(async move {
-                worker.run(rx).await;
+                if let Err(e) = worker.await {
+                    tracing::error!(pod = %format!("{}/{}", done_key.0, done_key.1), error = %e, "pod worker failed");
+                }
                 me.worker_ended(done_key, uid).await;
             });
-            st.workers.insert(
-                key,
+            workers.insert(
+                key.clone(),
                 Running {
                     uid: d.uid.clone(),
                     hash: d.hash.clone(),

@@ -143,18 +143,32 @@ pub struct ClusterDns<'a> {
     pub domain: &'a str,
 }
 
-/// The DNS policy that applies to a pod: ClusterFirst becomes Default for host-network pods
-/// (unless ClusterFirstWithHostNet) and when the node has no cluster DNS, as in the kubelet.
-pub fn effective_dns_policy(spec: &PodSpec, cluster: &ClusterDns<'_>) -> &'static str {
-    let host_network = spec.host_network.unwrap_or(false);
+/// The ClusterFirst policy with which a pod asks for the cluster's DNS: ClusterFirst off the
+/// host network, or ClusterFirstWithHostNet.
+fn wants_cluster_dns(spec: &PodSpec) -> Option<&'static str> {
     match spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
-        "None" => "None",
-        "Default" => "Default",
-        "ClusterFirstWithHostNet" | "ClusterFirst" if cluster.servers.is_empty() => "Default",
-        "ClusterFirstWithHostNet" => "ClusterFirst",
-        _ if host_network => "Default",
-        _ => "ClusterFirst",
+        "ClusterFirstWithHostNet" => Some("ClusterFirstWithHostNet"),
+        "ClusterFirst" if !spec.host_network.unwrap_or(false) => Some("ClusterFirst"),
+        _ => None,
     }
+}
+
+/// The DNS policy that applies to a pod: ClusterFirst when it asks for the cluster's DNS and
+/// the node has one, else Default (None stays None), as in the kubelet.
+pub fn effective_dns_policy(spec: &PodSpec, cluster: &ClusterDns<'_>) -> &'static str {
+    if spec.dns_policy.as_deref() == Some("None") {
+        "None"
+    } else if wants_cluster_dns(spec).is_some() && !cluster.servers.is_empty() {
+        "ClusterFirst"
+    } else {
+        "Default"
+    }
+}
+
+/// The policy a pod asked for the cluster's DNS with when the node has none to give (it falls
+/// back to Default; the kubelet says so with a MissingClusterDNS event).
+pub fn missing_cluster_dns(spec: &PodSpec, cluster: &ClusterDns<'_>) -> Option<&'static str> {
+    wants_cluster_dns(spec).filter(|_| cluster.servers.is_empty())
 }
 
 /// The pod's DNS: `ClusterFirst` the cluster's DNS with the namespace's search path and
@@ -279,6 +293,9 @@ mod tests {
                 .expect("spec");
         assert_eq!(effective_dns_policy(&host, &dns), "Default");
         assert_eq!(effective_dns_policy(&spec, &NO_DNS), "Default");
+        assert_eq!(missing_cluster_dns(&spec, &NO_DNS), Some("ClusterFirst"));
+        assert_eq!(missing_cluster_dns(&host, &NO_DNS), None);
+        assert_eq!(missing_cluster_dns(&spec, &dns), None);
     }
 
     #[test]

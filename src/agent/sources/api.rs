@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use sha2::{Digest, Sha256};
 
-use super::manifest::{DesiredPod, PodKey, key_of};
+use super::manifest::{DesiredPod, key_of};
 use crate::agent::cluster::{self, Cluster};
 use crate::agent::pods::manager::{PodManager, Source};
 
@@ -41,10 +41,11 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
         };
         failures = 0;
         let mut rv = list.metadata.resource_version.clone().unwrap_or_default();
-        let mut known: HashMap<String, Pod> = list
+        // By UID, each hashed once when it arrives (not again at every other pod's event).
+        let mut known: HashMap<String, DesiredPod> = list
             .items
             .into_iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .filter_map(|p| Some((p.metadata.uid.clone()?, desired(p))))
             .collect();
         tracing::debug!(pods = known.len(), resource_version = %rv, "listed the node's pods");
         publish(&pods, &known);
@@ -73,7 +74,7 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
                         note_version(&mut rv, &p);
                         match p.metadata.uid.clone() {
                             Some(uid) => {
-                                known.insert(uid, p);
+                                known.insert(uid, desired(p));
                                 true
                             }
                             None => false,
@@ -117,13 +118,18 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
 
 /// Hands the pods to the pod manager: mirror pods (this node's static pods, shown in the API
 /// server) apart from the pods to run.
-fn publish(pods: &Arc<PodManager>, known: &HashMap<String, Pod>) {
-    let (mirrors, to_run): (HashMap<_, _>, HashMap<_, _>) = known
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .partition(|(_, p)| is_mirror(p));
-    pods.set_mirrors(mirrors.into_values().map(|p| (key_of(&p), p)).collect());
-    pods.set(Source::Api, desired(&to_run));
+fn publish(pods: &Arc<PodManager>, known: &HashMap<String, DesiredPod>) {
+    let mut mirrors = BTreeMap::new();
+    let mut to_run = BTreeMap::new();
+    for d in known.values() {
+        if is_mirror(&d.pod) {
+            mirrors.insert(key_of(&d.pod), d.pod.clone());
+        } else {
+            to_run.insert(key_of(&d.pod), d.clone());
+        }
+    }
+    pods.set_mirrors(mirrors);
+    pods.set(Source::Api, to_run);
 }
 
 /// Whether `pod` is a mirror pod (the API server's copy of a node's static pod).
@@ -140,23 +146,14 @@ fn note_version(rv: &mut String, pod: &Pod) {
     }
 }
 
-/// The pods as the pod manager takes them: keyed by namespace and name, hashed on their spec
-/// (a change of spec makes the pod again).
-fn desired(known: &HashMap<String, Pod>) -> BTreeMap<PodKey, DesiredPod> {
-    known
-        .iter()
-        .map(|(uid, pod)| {
-            let spec = serde_json::to_vec(&pod.spec).unwrap_or_default();
-            (
-                key_of(pod),
-                DesiredPod {
-                    file: PathBuf::new(),
-                    uid: uid.clone(),
-                    hash: hex::encode(&Sha256::digest(&spec)[..8]),
-                    pod: pod.clone(),
-                    unknown_fields: Vec::new(),
-                },
-            )
-        })
-        .collect()
+/// A pod as the pod manager takes it, hashed on its spec (a change of spec makes it again).
+fn desired(pod: Pod) -> DesiredPod {
+    let spec = serde_json::to_vec(&pod.spec).unwrap_or_default();
+    DesiredPod {
+        file: PathBuf::new(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        hash: hex::encode(&Sha256::digest(&spec)[..8]),
+        pod,
+        unknown_fields: Vec::new(),
+    }
 }

@@ -42,13 +42,21 @@ pub fn write(dir: &Path, files: &[VolumeFile]) -> Result<bool, String> {
     let new = dir.join(&stamp);
     std::fs::create_dir(&new).map_err(|e| io("creating a data dir", e))?;
     let _ = std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755));
-    for f in files {
-        write_file(&new, f).map_err(|e| format!("writing {:?}: {e}", f.path))?;
-    }
     let tmp = dir.join("..data_tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&stamp, &tmp).map_err(|e| io("linking the data dir", e))?;
-    std::fs::rename(&tmp, dir.join(DATA)).map_err(|e| io("swapping the data dir", e))?;
+    let swapped = files
+        .iter()
+        .try_for_each(|f| write_file(&new, f).map_err(|e| format!("writing {:?}: {e}", f.path)))
+        .and_then(|()| {
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&stamp, &tmp).map_err(|e| io("linking the data dir", e))?;
+            std::fs::rename(&tmp, dir.join(DATA)).map_err(|e| io("swapping the data dir", e))
+        });
+    if let Err(e) = swapped {
+        // Nothing half-written stays: the current files are untouched.
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_dir_all(&new);
+        return Err(e);
+    }
     let tops: BTreeSet<String> = files
         .iter()
         .filter_map(|f| f.path.trim_start_matches("./").split('/').next())
@@ -207,6 +215,18 @@ mod tests {
             std::fs::read_link(dir.join(DATA)).expect("data link"),
             before
         );
+        // A write that fails half-way ("a" is a file, so "a/b" cannot be) leaves no data dir.
+        assert!(write(&dir, &[file("a", "x", 0o644), file("a/b", "y", 0o644)]).is_err());
+        assert_eq!(
+            std::fs::read_link(dir.join(DATA)).expect("data link"),
+            before
+        );
+        let stamps = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("..2"))
+            .count();
+        assert_eq!(stamps, 1, "a half-written data dir stayed");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -172,16 +172,17 @@ pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<Prepar
             let dir = prepare_downward(pod, pod_dir, &v.name, &items, p.default_mode, node)?;
             (dir, true)
         } else {
-            return Err(match check_supported(&v) {
-                // A configMap, secret or projected volume without an API server to read from.
-                Ok(()) | Err(_) if v.config_map.is_some() || v.secret.is_some() => format!(
+            // API objects reach here only on a node without an API server.
+            return Err(if v.config_map.is_some() || v.secret.is_some() {
+                format!(
                     "volume {:?}: configMap and secret volumes need an API server; this node has none",
                     v.name
-                ),
-                Err(e) => {
-                    format!("{e} (with an API server also configMap, secret and projected volumes)")
-                }
-                Ok(()) => format!("volume {:?}: its kind is not supported", v.name),
+                )
+            } else {
+                format!(
+                    "{} (with an API server also configMap, secret and projected volumes)",
+                    check_supported(&v).err().unwrap_or_default()
+                )
             });
         };
         prepared

@@ -108,40 +108,17 @@ impl ApiObjects {
             .clone()
             .unwrap_or_else(|| "default".into());
         let fail = |e: String| format!("MountVolume.SetUp failed for volume {:?} : {e}", v.name);
-        if let Some(cm) = &v.config_map {
-            let files = self
-                .source_files(
-                    &ns,
-                    Kind::ConfigMap,
-                    &cm.name,
-                    cm.items.as_deref(),
-                    cm.optional.unwrap_or(false),
-                    cm.default_mode,
-                )
-                .await
-                .map_err(fail)?;
-            return Ok(Some((files, false)));
-        }
-        if let Some(s) = &v.secret {
-            let name = s.secret_name.clone().unwrap_or_default();
-            let files = self
-                .source_files(
-                    &ns,
-                    Kind::Secret,
-                    &name,
-                    s.items.as_deref(),
-                    s.optional.unwrap_or(false),
-                    s.default_mode,
-                )
-                .await
-                .map_err(fail)?;
-            return Ok(Some((files, true)));
+        if let Some(src) = ObjectSource::of_volume(v) {
+            let files = self.source_files(&ns, &src).await.map_err(fail)?;
+            // Secrets never reach the disk.
+            return Ok(Some((files, src.kind == Kind::Secret)));
         }
         let Some(p) = &v.projected else {
             return Ok(None);
         };
         let sources = p.sources.as_deref().unwrap_or_default();
-        if sources.iter().all(only_downward) {
+        if super::projected_downward_items(p).is_ok() {
+            // Only downwardAPI sources: written without the API server.
             return Ok(None);
         }
         let mut files = Vec::new();
@@ -163,29 +140,8 @@ impl ApiObjects {
         default_mode: Option<i32>,
         node: &NodeAllocatable,
     ) -> Result<Vec<VolumeFile>, String> {
-        if let Some(cm) = &src.config_map {
-            return self
-                .source_files(
-                    ns,
-                    Kind::ConfigMap,
-                    &cm.name,
-                    cm.items.as_deref(),
-                    cm.optional.unwrap_or(false),
-                    default_mode,
-                )
-                .await;
-        }
-        if let Some(s) = &src.secret {
-            return self
-                .source_files(
-                    ns,
-                    Kind::Secret,
-                    &s.name,
-                    s.items.as_deref(),
-                    s.optional.unwrap_or(false),
-                    default_mode,
-                )
-                .await;
+        if let Some(object) = ObjectSource::of_projection(src, default_mode) {
+            return self.source_files(ns, &object).await;
         }
         if let Some(d) = &src.downward_api {
             let items: Vec<_> = d.items.iter().flatten().cloned().collect();
@@ -215,46 +171,40 @@ impl ApiObjects {
     async fn source_files(
         &self,
         ns: &str,
-        kind: Kind,
-        name: &str,
-        items: Option<&[KeyToPath]>,
-        optional: bool,
-        default_mode: Option<i32>,
+        src: &ObjectSource<'_>,
     ) -> Result<Vec<VolumeFile>, String> {
-        let Some(keys) = self.keys(ns, kind, name).await? else {
-            if optional {
+        let kind = src.kind.name();
+        let Some(keys) = self.keys(ns, src.kind, src.name).await? else {
+            if src.optional {
                 return Ok(Vec::new());
             }
-            return Err(format!("{} {name:?} not found", kind.name()));
+            return Err(format!("{kind} {:?} not found", src.name));
+        };
+        let mode = |item: Option<i32>| mode_of(src.default_mode, item);
+        let Some(items) = src.items else {
+            return Ok(keys
+                .into_iter()
+                .map(|(path, data)| VolumeFile {
+                    path,
+                    data,
+                    mode: mode(None),
+                })
+                .collect());
         };
         let mut files = Vec::new();
-        match items {
-            None => {
-                for (k, v) in keys {
-                    files.push(VolumeFile {
-                        path: k,
-                        data: v,
-                        mode: mode_of(default_mode, None),
-                    });
-                }
-            }
-            Some(items) => {
-                for it in items {
-                    match keys.get(&it.key) {
-                        Some(v) => files.push(VolumeFile {
-                            path: it.path.clone(),
-                            data: v.clone(),
-                            mode: mode_of(default_mode, it.mode),
-                        }),
-                        None if optional => {}
-                        None => {
-                            return Err(format!(
-                                "configmap references non-existent config key: {}",
-                                it.key
-                            )
-                            .replace("configmap", kind.name()));
-                        }
-                    }
+        for it in items {
+            match keys.get(&it.key) {
+                Some(v) => files.push(VolumeFile {
+                    path: it.path.clone(),
+                    data: v.clone(),
+                    mode: mode(it.mode),
+                }),
+                None if src.optional => {}
+                None => {
+                    return Err(format!(
+                        "{kind} references non-existent config key: {}",
+                        it.key
+                    ));
                 }
             }
         }
@@ -319,15 +269,55 @@ impl ApiObjects {
     }
 }
 
-/// Whether a projected source is nothing but downwardAPI (written without the API server).
-fn only_downward(source: &VolumeProjection) -> bool {
-    source.downward_api.as_ref().is_some_and(|d| {
-        *source
-            == VolumeProjection {
-                downward_api: Some(d.clone()),
-                ..Default::default()
-            }
-    })
+/// A configMap or secret as a volume or a projected source names it.
+struct ObjectSource<'a> {
+    kind: Kind,
+    name: &'a str,
+    items: Option<&'a [KeyToPath]>,
+    optional: bool,
+    default_mode: Option<i32>,
+}
+
+impl<'a> ObjectSource<'a> {
+    /// A configMap or secret volume.
+    fn of_volume(v: &'a Volume) -> Option<Self> {
+        if let Some(cm) = &v.config_map {
+            return Some(Self {
+                kind: Kind::ConfigMap,
+                name: &cm.name,
+                items: cm.items.as_deref(),
+                optional: cm.optional.unwrap_or(false),
+                default_mode: cm.default_mode,
+            });
+        }
+        v.secret.as_ref().map(|s| Self {
+            kind: Kind::Secret,
+            name: s.secret_name.as_deref().unwrap_or_default(),
+            items: s.items.as_deref(),
+            optional: s.optional.unwrap_or(false),
+            default_mode: s.default_mode,
+        })
+    }
+
+    /// A configMap or secret source of a projected volume (whose mode is the volume's).
+    fn of_projection(src: &'a VolumeProjection, default_mode: Option<i32>) -> Option<Self> {
+        if let Some(cm) = &src.config_map {
+            return Some(Self {
+                kind: Kind::ConfigMap,
+                name: &cm.name,
+                items: cm.items.as_deref(),
+                optional: cm.optional.unwrap_or(false),
+                default_mode,
+            });
+        }
+        src.secret.as_ref().map(|s| Self {
+            kind: Kind::Secret,
+            name: &s.name,
+            items: s.items.as_deref(),
+            optional: s.optional.unwrap_or(false),
+            default_mode,
+        })
+    }
 }
 
 fn mode_of(default_mode: Option<i32>, item: Option<i32>) -> u32 {

@@ -21,7 +21,7 @@ use crate::agent::cluster::events::EventType;
 use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use crate::agent::runtime::container_config::{ContainerContext, container_config};
 use crate::agent::runtime::labels;
-use crate::agent::runtime::sandbox_config::ClusterDns;
+use crate::agent::runtime::sandbox_config::{ClusterDns, missing_cluster_dns};
 use crate::agent::runtime::sandbox_config::{log_directory, sandbox_config};
 use crate::agent::sources::manifest::DesiredPod;
 use crate::agent::volumes::downward::NodeAllocatable;
@@ -491,16 +491,7 @@ impl PodWorker {
             &self.ctx.cgroup_root,
             &self.cluster_dns(),
         );
-        let policy = self
-            .pod()
-            .spec
-            .as_ref()
-            .and_then(|p| p.dns_policy.as_deref())
-            .unwrap_or("ClusterFirst");
-        if self.ctx.config.cluster_dns.is_empty()
-            && (policy == "ClusterFirstWithHostNet"
-                || (policy == "ClusterFirst" && !self.host_network()))
-        {
+        if let Some(policy) = missing_cluster_dns(&self.spec(), &self.cluster_dns()) {
             self.event(
                 None,
                 EventType::Warning,
