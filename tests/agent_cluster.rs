@@ -42,16 +42,8 @@ impl AgentNode {
         agent_toml: &str,
         setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
     ) -> Self {
-        let tag = TempDir::new("nodename");
-        let node = tag
-            .path()
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("node")
-            .trim_start_matches("berth-it-")
-            .to_lowercase()
-            .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
-        let node = format!("agent-{node}");
+        let tag = TempDir::new("nodename").unique_name();
+        let node = format!("agent-{tag}");
         let net = cni_support::TestNet::new("agentnode");
         net.write("10-test.conflist", &net.standard());
         net.bridge_up();
@@ -91,15 +83,7 @@ impl AgentNode {
             );
             std::thread::sleep(Duration::from_millis(300));
         }
-        cp.kubectl_ok(&["create", "namespace", &node]);
-        cp.wait(
-            "the namespace's service account",
-            Duration::from_secs(60),
-            |cp| {
-                cp.kubectl(&["-n", &node, "get", "serviceaccount", "default"])
-                    .0
-            },
-        );
+        cp.create_namespace(&node);
         Self {
             agent,
             _net: net,
@@ -141,13 +125,8 @@ impl AgentNode {
 
     /// The agent's sandboxes (all states) for pods named `name`.
     async fn sandboxes(&self, name: &str) -> Vec<cri::PodSandbox> {
-        let c = self.agent.daemon.client().await;
-        c.runtime()
-            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        agent_support::sandboxes(&self.agent.daemon.client().await)
             .await
-            .expect("ListPodSandbox")
-            .into_inner()
-            .items
             .into_iter()
             .filter(|s| s.metadata.as_ref().is_some_and(|m| m.name == name))
             .collect()
@@ -299,6 +278,10 @@ async fn a_pod_from_kubectl_runs_is_ready_in_the_api_and_is_deleted_with_its_gra
         took >= Duration::from_secs(2),
         "deleted in {took:?}: the grace period was not given"
     );
+    assert!(
+        took < Duration::from_secs(20),
+        "deleted in {took:?}: the pod's own 30 s were given, not the deletion's 3 s"
+    );
     assert!(n.sandboxes("web").await.is_empty());
     assert!(
         !n.cp.audited(&n.user(), "delete", "pods").is_empty(),
@@ -361,38 +344,32 @@ fn refused(file: &std::path::Path) -> String {
 #[test]
 fn unusable_kubeconfigs_are_refused_at_start_naming_the_file() {
     let dir = TempDir::new("kubeconfigs");
-    let missing = dir.path().join("missing.kubeconfig");
-    let err = refused(&missing);
-    assert!(err.contains("missing.kubeconfig"), "{err}");
-
-    let garbage = dir.path().join("garbage.kubeconfig");
-    std::fs::write(&garbage, "{{ not yaml").expect("write");
-    let err = refused(&garbage);
-    assert!(err.contains("garbage.kubeconfig"), "{err}");
-
+    // berthd given `file` (holding `text`, or absent) refuses to start, its error naming the
+    // file and every one of `wants`.
+    let check = |file: &str, text: Option<String>, wants: &[&str]| {
+        let path = dir.path().join(file);
+        if let Some(t) = text {
+            std::fs::write(&path, t).expect("write kubeconfig");
+        }
+        let err = refused(&path);
+        for want in std::iter::once(&file).chain(wants) {
+            assert!(err.contains(want), "{file}: {want:?} not in {err}");
+        }
+    };
+    check("missing.kubeconfig", None, &[]);
+    check("garbage.kubeconfig", Some("{{ not yaml".into()), &[]);
     let cluster = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
-    let nocreds = dir.path().join("nocreds.kubeconfig");
-    std::fs::write(
-        &nocreds,
-        format!("{cluster}users:\n- name: u\n  user: {{}}\n"),
-    )
-    .expect("write");
-    let err = refused(&nocreds);
-    assert!(
-        err.contains("nocreds.kubeconfig") && err.contains("no usable credentials"),
-        "{err}"
+    check(
+        "nocreds.kubeconfig",
+        Some(format!("{cluster}users:\n- name: u\n  user: {{}}\n")),
+        &["no usable credentials"],
     );
-
-    let nocert = dir.path().join("nocert.kubeconfig");
-    std::fs::write(
-        &nocert,
-        format!("{cluster}users:\n- name: u\n  user: {{client-certificate: /nonexistent/node.crt, client-key: /nonexistent/node.key}}\n"),
-    )
-    .expect("write");
-    let err = refused(&nocert);
-    assert!(
-        err.contains("nocert.kubeconfig") && err.contains("/nonexistent/node.crt"),
-        "{err}"
+    check(
+        "nocert.kubeconfig",
+        Some(format!(
+            "{cluster}users:\n- name: u\n  user: {{client-certificate: /nonexistent/node.crt, client-key: /nonexistent/node.key}}\n"
+        )),
+        &["/nonexistent/node.crt"],
     );
 }
 

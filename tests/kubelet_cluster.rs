@@ -39,15 +39,7 @@ impl Cluster {
         let daemon = Daemon::start_with(&args);
         let kubelet = Kubelet::start(&daemon, cp.kubelet_options(&node, &net));
         cp.wait_node_ready(&node);
-        cp.kubectl_ok(&["create", "namespace", &node]);
-        cp.wait(
-            "the namespace's service account",
-            Duration::from_secs(60),
-            |cp| {
-                cp.kubectl(&["-n", &node, "get", "serviceaccount", "default"])
-                    .0
-            },
-        );
+        cp.create_namespace(&node);
         Cluster {
             kubelet,
             daemon,

@@ -57,6 +57,16 @@ impl TempDir {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// The directory's unique name without the `berth-it-` prefix (`<tag>-<random>`).
+    pub fn unique_name(&self) -> String {
+        self.0
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .trim_start_matches("berth-it-")
+            .to_string()
+    }
 }
 
 impl Drop for TempDir {

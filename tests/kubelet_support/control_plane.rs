@@ -280,6 +280,19 @@ impl ControlPlane {
         });
     }
 
+    /// Creates namespace `ns` and waits for its default service account (pods need it).
+    pub fn create_namespace(&self, ns: &str) {
+        self.kubectl_ok(&["create", "namespace", ns]);
+        self.wait(
+            "the namespace's service account",
+            Duration::from_secs(60),
+            |cp| {
+                cp.kubectl(&["-n", ns, "get", "serviceaccount", "default"])
+                    .0
+            },
+        );
+    }
+
     /// A kubeconfig of one more node identity, `system:node:<name>` in `system:nodes`.
     pub fn add_node(&self, name: &str) -> PathBuf {
         let file = format!("node-{name}");

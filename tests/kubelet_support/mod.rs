@@ -202,13 +202,7 @@ impl Kubelet {
     /// Starts a kubelet on the CRI socket `socket` (Berth's or another runtime's).
     pub fn start_on(socket: PathBuf, opts: KubeletOptions) -> Self {
         let dir = TempDir::new("kubelet");
-        let tag = dir
-            .path()
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("kubelet")
-            .trim_start_matches("berth-it-")
-            .to_string();
+        let tag = dir.unique_name();
         std::fs::create_dir_all(dir.path().join("manifests")).expect("manifest dir");
         let node_name = opts.node_name.clone().unwrap_or(tag.clone());
         let mut k = Kubelet {
