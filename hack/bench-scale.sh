@@ -3,7 +3,8 @@
 # run, both over CRI with berthctl:
 #   - with 100 and then 500 pods running (host network, a busybox sleep each, brought up 8 at a
 #     time by `berthctl bench lifecycle --hold`): ListContainers and ListPodSandbox p50/p99
-#     (`berthctl bench lists`, 200 calls each), the daemon's RSS growth per pod, and with the
+#     (`berthctl bench lists`, 200 calls each, with the items decoded and, to time the runtime's
+#     answer alone, left encoded), the daemon's RSS growth per pod, and with the
 #     first count the daemon's idle CPU over 30 s (berthd runs with its agent on, no manifests;
 #     shims are not counted for either runtime);
 #   - 50 pods started at once (`bench lifecycle --parallel 50`): wall time until all run;
@@ -136,8 +137,9 @@ for kind in ("berth", "containerd"):
     r = {"lists": {}, "rssPerPodKiB": {}}
     for n in counts:
         l = load(f"{w}/{kind}.{n}.lists.json")
-        r["lists"][n] = {"listContainers": l["listContainers"], "listPodSandbox": l["listPodSandbox"],
-                         "containers": l["containers"], "podSandboxes": l["podSandboxes"]}
+        r["lists"][n] = {k: l[k] for k in ("listContainers", "listPodSandbox",
+                                           "listContainersUndecoded", "listPodSandboxUndecoded",
+                                           "containers", "podSandboxes")}
         rss0, rss = map(int, open(f"{w}/{kind}.{n}.mem").read().split())
         r["rssPerPodKiB"][n] = round((rss - rss0) / n, 1)
     ticks, hz, secs, n = map(int, open(f"{w}/{kind}.idle").read().split())
@@ -154,7 +156,9 @@ def ratio(x, y):
     return f"{x / y:.2f}" if y else "-"
 print(f"{'':34}{'berth':>12}{'containerd':>12}{'ratio':>8}  target")
 for n in counts:
-    for call, key in (("ListContainers", "listContainers"), ("ListPodSandbox", "listPodSandbox")):
+    for call, key in (("ListContainers", "listContainers"), ("ListPodSandbox", "listPodSandbox"),
+                      ("  undecoded", "listContainersUndecoded"),
+                      ("  undecoded", "listPodSandboxUndecoded")):
         for q in ("p50Ms", "p99Ms"):
             x, y = b["lists"][n][key][q], c["lists"][n][key][q]
             tgt = {100: "<= 1 ms p50", 500: "<= 5 ms p50"}.get(n, "") if q == "p50Ms" else ""

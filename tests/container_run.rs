@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use k8s_cri::{v1 as cri, v1alpha2 as a2};
 
 #[tokio::test]
 async fn a_container_runs_logs_and_reports_its_exit() {
@@ -306,4 +306,172 @@ async fn unknown_ids_are_not_found_and_stop_remove_are_idempotent() {
         .expect_err("stopped pod");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     remove_pod(&c, &pod).await;
+}
+
+/// ListContainers and ListPodSandbox of both API versions, with and without filters.
+async fn lists(
+    c: &berth::client::CriClient,
+    filter: Option<cri::ContainerFilter>,
+) -> (Vec<cri::Container>, Vec<a2::Container>) {
+    let v1 = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest {
+            filter: filter.clone(),
+        })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    let old = a2::runtime_service_client::RuntimeServiceClient::new(c.channel())
+        .list_containers(a2::ListContainersRequest {
+            filter: filter.map(|f| a2::ContainerFilter {
+                id: f.id,
+                state: f.state.map(|s| a2::ContainerStateValue { state: s.state }),
+                pod_sandbox_id: f.pod_sandbox_id,
+                label_selector: f.label_selector,
+            }),
+        })
+        .await
+        .expect("v1alpha2 ListContainers")
+        .into_inner()
+        .containers;
+    (v1, old)
+}
+
+async fn pod_states(c: &berth::client::CriClient) -> (Vec<i32>, Vec<i32>) {
+    let v1 = c
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items;
+    let old = a2::runtime_service_client::RuntimeServiceClient::new(c.channel())
+        .list_pod_sandbox(a2::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("v1alpha2 ListPodSandbox")
+        .into_inner()
+        .items;
+    for (new, old) in v1.iter().zip(&old) {
+        assert_eq!((&new.id, &new.labels), (&old.id, &old.labels));
+        assert_eq!(
+            new.metadata.as_ref().map(|m| &m.name),
+            old.metadata.as_ref().map(|m| &m.name)
+        );
+    }
+    (
+        v1.iter().map(|p| p.state).collect(),
+        old.iter().map(|p| p.state).collect(),
+    )
+}
+
+#[tokio::test]
+async fn lists_follow_every_change_in_both_api_versions() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let mut pod_cfg = pod_config("lister", &logs, cri::NamespaceMode::Container);
+    pod_cfg.labels.insert("tier".into(), "web".into());
+    let pod = run_pod(&c, &pod_cfg).await;
+    let mut cfg = sh_container(
+        "worker",
+        &busybox,
+        "trap 'exit 0' TERM; sleep 1000 & wait",
+        cri::NamespaceMode::Container,
+    );
+    cfg.labels.insert("role".into(), "worker".into());
+    cfg.annotations.insert("note".into(), "kept".into());
+    let id = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(cfg.clone()),
+            sandbox_config: Some(pod_cfg.clone()),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .container_id;
+    let state = |s: cri::ContainerState| s as i32;
+    let (v1, old) = lists(&c, None).await;
+    assert_eq!((v1.len(), old.len()), (1, 1));
+    assert_eq!(v1[0].state, state(cri::ContainerState::ContainerCreated));
+    assert_eq!(old[0].state, v1[0].state);
+    assert_eq!(
+        (&old[0].id, &old[0].pod_sandbox_id, &old[0].image_ref),
+        (&v1[0].id, &v1[0].pod_sandbox_id, &v1[0].image_ref)
+    );
+    assert_eq!(
+        (&old[0].labels, &old[0].annotations),
+        (&cfg.labels, &cfg.annotations)
+    );
+    assert_eq!(old[0].created_at, v1[0].created_at);
+    assert_eq!(
+        old[0].image.as_ref().map(|i| &i.image),
+        Some(&busybox),
+        "{:?}",
+        old[0]
+    );
+    assert_eq!(pod_states(&c).await, (vec![0], vec![0]), "pod ready");
+
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("start");
+    let running = |s| {
+        Some(cri::ContainerFilter {
+            state: Some(cri::ContainerStateValue { state: state(s) }),
+            ..Default::default()
+        })
+    };
+    let (v1, old) = lists(&c, running(cri::ContainerState::ContainerRunning)).await;
+    assert_eq!((v1.len(), old.len()), (1, 1), "running after start");
+    assert_eq!(old[0].state, state(cri::ContainerState::ContainerRunning));
+    let by_label = Some(cri::ContainerFilter {
+        label_selector: [("role".to_string(), "worker".to_string())].into(),
+        ..Default::default()
+    });
+    assert_eq!(lists(&c, by_label).await.1.len(), 1);
+    let other_label = Some(cri::ContainerFilter {
+        label_selector: [("role".to_string(), "db".to_string())].into(),
+        ..Default::default()
+    });
+    assert_eq!(lists(&c, other_label).await.1.len(), 0);
+
+    c.runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 10,
+        })
+        .await
+        .expect("stop");
+    let (v1, old) = lists(&c, None).await;
+    assert_eq!(v1[0].state, state(cri::ContainerState::ContainerExited));
+    assert_eq!(old[0].state, v1[0].state);
+    assert!(
+        lists(&c, running(cri::ContainerState::ContainerRunning))
+            .await
+            .1
+            .is_empty()
+    );
+    c.runtime()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .expect("stop pod");
+    assert_eq!(pod_states(&c).await, (vec![1], vec![1]), "pod not ready");
+    c.runtime()
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: pod,
+        })
+        .await
+        .expect("remove pod");
+    let (v1, old) = lists(&c, None).await;
+    assert!(v1.is_empty() && old.is_empty(), "{v1:?} {old:?}");
+    assert_eq!(pod_states(&c).await, (vec![], vec![]));
 }

@@ -428,6 +428,7 @@ async fn sandboxes_survive_kill_9_and_half_created_ones_are_rolled_back() {
             created_cgroups: Vec::new(),
             pod_ips: Vec::new(),
             decoded: Default::default(),
+            list_item: Default::default(),
         };
         store
             .put_record(berth::store::SANDBOXES, "half", &rec)

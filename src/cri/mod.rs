@@ -2,6 +2,7 @@
 
 mod authority;
 mod container_service;
+mod encoded_lists;
 mod errors;
 mod events_service;
 mod image_service;
@@ -12,6 +13,7 @@ pub(crate) mod server;
 pub(crate) mod stats_service;
 mod v1alpha2;
 
+pub use encoded_lists::EncodedItems;
 pub use image_service::ImageApi;
 pub use runtime_service::RuntimeApi;
 pub use server::serve;

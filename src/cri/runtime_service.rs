@@ -27,6 +27,16 @@ pub struct RuntimeApi {
 }
 
 impl RuntimeApi {
+    /// The sandbox manager behind the pod sandbox calls.
+    pub(super) fn sandboxes(&self) -> &SandboxManager {
+        &self.sandboxes
+    }
+
+    /// The container manager behind the container calls.
+    pub(super) fn containers(&self) -> &ContainerManager {
+        &self.containers
+    }
+
     /// A runtime service; `images` also feeds the verbose status (pulls in progress).
     pub fn new(
         images: ImageManager,

@@ -99,23 +99,36 @@ pub fn list(
     manager: &SandboxManager,
     filter: Option<&cri::PodSandboxFilter>,
 ) -> Result<cri::ListPodSandboxResponse, Status> {
-    let items = manager
+    let items = listed(manager, filter)?
+        .iter()
+        .map(|r| list_item(r))
+        .collect();
+    Ok(cri::ListPodSandboxResponse { items })
+}
+
+/// The sandboxes ListPodSandbox answers with for `filter`.
+pub fn listed(
+    manager: &SandboxManager,
+    filter: Option<&cri::PodSandboxFilter>,
+) -> Result<Vec<std::sync::Arc<SandboxRecord>>, Status> {
+    Ok(manager
         .list()?
         .into_iter()
         .filter(|r| r.state != SandboxState::Creating)
         .filter(|r| filter.is_none_or(|f| SandboxManager::matches(r, f)))
-        .map(|r| {
-            let config = r.config_ref();
-            cri::PodSandbox {
-                id: r.id.clone(),
-                metadata: config.metadata.clone(),
-                state: state(&r),
-                created_at: r.created_at,
-                labels: config.labels.clone(),
-                annotations: config.annotations.clone(),
-                runtime_handler: r.runtime_handler.clone(),
-            }
-        })
-        .collect();
-    Ok(cri::ListPodSandboxResponse { items })
+        .collect())
+}
+
+/// A ListPodSandbox item.
+pub fn list_item(r: &SandboxRecord) -> cri::PodSandbox {
+    let config = r.config_ref();
+    cri::PodSandbox {
+        id: r.id.clone(),
+        metadata: config.metadata.clone(),
+        state: state(r),
+        created_at: r.created_at,
+        labels: config.labels.clone(),
+        annotations: config.annotations.clone(),
+        runtime_handler: r.runtime_handler.clone(),
+    }
 }

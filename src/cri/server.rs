@@ -8,6 +8,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -22,11 +23,12 @@ use tonic::service::Routes;
 use tower::{Service, ServiceExt};
 
 use super::authority::AuthorityFilter;
+use super::encoded_lists;
 use super::v1alpha2::{ImageV1Alpha2, RuntimeV1Alpha2};
 use super::{ImageApi, RuntimeApi};
 
 /// Largest CRI message accepted or sent (containerd uses 16 MiB too).
-const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+pub(super) const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// How long requests in flight may run after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -82,6 +84,7 @@ fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 /// `grpc-timeout` runs out first.
 async fn with_deadline(
     mut routes: Routes,
+    runtime: Arc<RuntimeApi>,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<http::Response<tonic::body::Body>, std::convert::Infallible> {
     let path = req.uri().path().to_string();
@@ -90,11 +93,18 @@ async fn with_deadline(
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout);
-    let ready = match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes).await {
-        Ok(r) => r,
-        Err(never) => match never {},
+    let list = encoded_lists::route(&path);
+    let call = async move {
+        if let Some(list) = list {
+            return Ok(encoded_lists::serve(list, runtime, req).await);
+        }
+        let ready =
+            match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+        ready.call(req).await
     };
-    let call = ready.call(req);
     match deadline {
         None => call.await,
         Some(d) => match tokio::time::timeout(d, call).await {
@@ -159,6 +169,7 @@ pub async fn serve(
         .with_context(|| format!("setting mode of {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), "serving CRI v1 and v1alpha2");
 
+    let lists = Arc::new(runtime.clone());
     let routes = routes(runtime, images);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -175,8 +186,10 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let routes = routes.clone();
-                let svc = tower::service_fn(move |req| with_deadline(routes.clone(), req));
+                let (routes, lists) = (routes.clone(), lists.clone());
+                let svc = tower::service_fn(move |req| {
+                    with_deadline(routes.clone(), lists.clone(), req)
+                });
                 let conn = builder
                     .serve_connection(
                         TokioIo::new(AuthorityFilter::new(stream)),

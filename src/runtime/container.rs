@@ -22,7 +22,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use super::container_create::{ContainerCreator, CreateError, Prepared};
-use super::decoded::Decoded;
+use super::decoded::{Decoded, Encoded};
 use super::events::{ContainerEvent, EventBus, EventKind};
 use super::names::{self, NameRegistry, Reservation};
 use super::process::HostProcess;
@@ -94,6 +94,9 @@ pub struct ContainerRecord {
     /// `config_hex` decoded, once.
     #[serde(skip)]
     pub decoded: Decoded<cri::ContainerConfig>,
+    /// The record's ListContainers item, encoded once.
+    #[serde(skip)]
+    pub list_item: Encoded,
 }
 
 impl ContainerRecord {
@@ -397,6 +400,7 @@ impl ContainerManager {
             init_process: None,
             retired: false,
             decoded: Decoded::default(),
+            list_item: Encoded::default(),
         };
         // No lock: nobody knows the new id before this call returns.
         let made = async {

@@ -1,5 +1,5 @@
-//! A protobuf message that a record keeps hex-encoded, decoded once while the record is in
-//! memory.
+//! Protobuf forms a record caches while it is in memory: a message it keeps hex-encoded,
+//! decoded once ([`Decoded`]), and a message made from it, encoded once ([`Encoded`]).
 //!
 //! A clone starts empty: records are cloned to be changed, and a changed record may hold
 //! another message (shared records in the store's table are not cloned, so they keep theirs).
@@ -37,6 +37,24 @@ impl<T: prost::Message + Default> Decoded<T> {
     }
 }
 
+/// The encoding of a message made from its record (empty until first asked for).
+#[derive(Debug, Default)]
+pub struct Encoded(OnceLock<bytes::Bytes>);
+
+impl Clone for Encoded {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl Encoded {
+    /// The encoding of the message `make` returns, made on the first call only.
+    pub fn get<M: prost::Message>(&self, make: impl FnOnce() -> M) -> &bytes::Bytes {
+        self.0
+            .get_or_init(|| bytes::Bytes::from(make().encode_to_vec()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +83,21 @@ mod tests {
         );
         let bad = Decoded::<cri::PodSandboxConfig>::default();
         assert_eq!(bad.get("zz").hostname, "");
+    }
+
+    #[test]
+    fn encodes_once_and_a_clone_afresh() {
+        let item = |id: &str| cri::PodSandbox {
+            id: id.into(),
+            ..Default::default()
+        };
+        let e = Encoded::default();
+        assert_eq!(e.get(|| item("a")).as_ref(), item("a").encode_to_vec());
+        // Encoded once: a later, different message is not encoded again.
+        assert_eq!(e.get(|| item("b")).as_ref(), item("a").encode_to_vec());
+        assert_eq!(
+            e.clone().get(|| item("b")).as_ref(),
+            item("b").encode_to_vec()
+        );
     }
 }

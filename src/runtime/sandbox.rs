@@ -14,7 +14,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use super::cgroups::{self, Layout};
-use super::decoded::Decoded;
+use super::decoded::{Decoded, Encoded};
 use super::names::{self, NameRegistry, Reservation};
 use super::pin::{self, PinRequest};
 use super::process::HostProcess;
@@ -89,6 +89,9 @@ pub struct SandboxRecord {
     /// `config_hex` decoded, once.
     #[serde(skip)]
     pub decoded: Decoded<cri::PodSandboxConfig>,
+    /// The record's ListPodSandbox item, encoded once.
+    #[serde(skip)]
+    pub list_item: Encoded,
 }
 
 impl SandboxRecord {
@@ -371,6 +374,7 @@ impl SandboxManager {
             created_cgroups: Vec::new(),
             pod_ips: Vec::new(),
             decoded: Decoded::default(),
+            list_item: Encoded::default(),
         };
         let guard = self.lock.lock().await;
         self.save(&rec)?;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use berth::client::CriClient;
+use berth::cri::EncodedItems;
 use k8s_cri::v1 as cri;
 
 use crate::bench::Stats;
@@ -35,6 +36,28 @@ struct ListsReport {
     pod_sandboxes: usize,
     list_containers: Option<Stats>,
     list_pod_sandbox: Option<Stats>,
+    /// The same calls with the items left encoded: the runtime's answer without the client's
+    /// decoding of every item.
+    list_containers_undecoded: Option<Stats>,
+    list_pod_sandbox_undecoded: Option<Stats>,
+}
+
+/// One list call whose items are counted, not decoded; returns how many there were.
+async fn undecoded_list(
+    channel: &tonic::transport::Channel,
+    method: &'static str,
+) -> anyhow::Result<usize> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(16 << 20);
+    grpc.ready().await.context(method)?;
+    // Both list requests without a filter are the empty message.
+    let codec = tonic_prost::ProstCodec::<cri::ListContainersRequest, EncodedItems>::default();
+    let path = http::uri::PathAndQuery::from_static(method);
+    let resp = grpc
+        .unary(tonic::Request::new(Default::default()), path, codec)
+        .await
+        .map_err(status_message)
+        .context(method)?;
+    Ok(resp.into_inner().0.len())
 }
 
 /// Times ListContainers and ListPodSandbox (no filter), `calls` of each.
@@ -67,20 +90,37 @@ pub async fn lists(client: &CriClient, args: ListsArgs, json: bool) -> anyhow::R
             .len();
         pods.push(t.elapsed());
     }
+    let channel = client.channel();
+    let (mut raw_ctrs, mut raw_pods) = (Vec::new(), Vec::new());
+    for _ in 0..args.calls {
+        let t = Instant::now();
+        undecoded_list(&channel, "/runtime.v1.RuntimeService/ListContainers").await?;
+        raw_ctrs.push(t.elapsed());
+        let t = Instant::now();
+        undecoded_list(&channel, "/runtime.v1.RuntimeService/ListPodSandbox").await?;
+        raw_pods.push(t.elapsed());
+    }
     let report = ListsReport {
         containers: n_ctrs,
         pod_sandboxes: n_pods,
         list_containers: Stats::of(&ctrs),
         list_pod_sandbox: Stats::of(&pods),
+        list_containers_undecoded: Stats::of(&raw_ctrs),
+        list_pod_sandbox_undecoded: Stats::of(&raw_pods),
     };
     if json {
         crate::print_json(&report)?;
     } else {
         for (name, s) in [
             (format!("ListContainers ({n_ctrs})"), report.list_containers),
+            ("  items undecoded".into(), report.list_containers_undecoded),
             (
                 format!("ListPodSandbox ({n_pods})"),
                 report.list_pod_sandbox,
+            ),
+            (
+                "  items undecoded".into(),
+                report.list_pod_sandbox_undecoded,
             ),
         ] {
             if let Some(s) = s {
