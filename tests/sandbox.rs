@@ -464,6 +464,17 @@ async fn sandboxes_survive_kill_9_and_half_created_ones_are_rolled_back() {
         .expect("remove");
 }
 
+/// The directories `rel` names under each cgroup hierarchy that has it.
+fn cgroup_dirs(rel: &str) -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| h.path().join(rel.trim_start_matches('/')))
+        .filter(|p| p.exists())
+        .collect()
+}
+
 #[tokio::test]
 async fn a_cgroup_ancestor_shared_by_pods_goes_with_the_last_of_them() {
     let d = Daemon::start();
@@ -475,15 +486,7 @@ async fn a_cgroup_ancestor_shared_by_pods_goes_with_the_last_of_them() {
     let second = run(&c, pod_config("second", &format!("{top}/b"), false))
         .await
         .expect("second");
-    let dirs = |rel: &str| -> Vec<PathBuf> {
-        std::fs::read_dir("/sys/fs/cgroup")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|h| h.path().join(rel.trim_start_matches('/')))
-            .filter(|p| p.exists())
-            .collect()
-    };
+    let dirs = cgroup_dirs;
     assert!(!dirs(&top).is_empty(), "the shared ancestor exists");
     remove_pod(&c, &first).await;
     assert!(dirs(&format!("{top}/a")).is_empty());
@@ -494,4 +497,45 @@ async fn a_cgroup_ancestor_shared_by_pods_goes_with_the_last_of_them() {
         "removed with the last pod: {:?}",
         dirs(&top)
     );
+}
+
+#[tokio::test]
+async fn pods_started_while_the_maker_of_their_cgroup_ancestor_goes_inherit_it() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let top = format!("/berth-it-handover-{}", std::process::id());
+    let _cleanup = CgroupRoot::made_by_the_test(top.trim_start_matches('/').to_string());
+    for round in 0..12 {
+        // The first pod makes the shared ancestor; two more start beside it while it is
+        // removed, a millisecond later each round, so the removal meets them at every stage
+        // of their creation.
+        let maker = run(
+            &c,
+            pod_config(&format!("maker-{round}"), &format!("{top}/m"), false),
+        )
+        .await
+        .expect("maker");
+        let starts = (0..2).map(|i| {
+            let c = c.clone();
+            let parent = format!("{top}/p{i}");
+            async move { run(&c, pod_config(&format!("p{round}-{i}"), &parent, false)).await }
+        });
+        let (started, ()) = tokio::join!(futures_util::future::join_all(starts), async {
+            tokio::time::sleep(std::time::Duration::from_millis(round)).await;
+            remove_pod(&c, &maker).await;
+        });
+        let pods: Vec<String> = started
+            .into_iter()
+            .map(|r| r.expect("pod beside the removal"))
+            .collect();
+        assert!(!cgroup_dirs(&top).is_empty(), "round {round}: still in use");
+        for pod in &pods {
+            remove_pod(&c, pod).await;
+        }
+        assert!(
+            cgroup_dirs(&top).is_empty(),
+            "round {round}: the ancestor goes with the last pod: {:?}",
+            cgroup_dirs(&top)
+        );
+    }
 }

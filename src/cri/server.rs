@@ -94,17 +94,22 @@ async fn with_deadline(
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout);
     let list = encoded_lists::route(&path);
-    let call = async move {
-        if let Some(list) = list {
-            return Ok(encoded_lists::serve(list, runtime, req).await);
-        }
-        let ready =
-            match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes).await {
+    let span = tracing::debug_span!("cri", method = %path);
+    let call = tracing::Instrument::instrument(
+        async move {
+            if let Some(list) = list {
+                return Ok(encoded_lists::serve(list, runtime, req).await);
+            }
+            let ready = match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes)
+                .await
+            {
                 Ok(r) => r,
                 Err(never) => match never {},
             };
-        ready.call(req).await
-    };
+            ready.call(req).await
+        },
+        span,
+    );
     match deadline {
         None => call.await,
         Some(d) => match tokio::time::timeout(d, call).await {

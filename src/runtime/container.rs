@@ -20,6 +20,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use prost::Message;
 use serde::{Deserialize, Serialize};
+use tracing::{Instrument, debug_span};
 
 use super::container_create::{ContainerCreator, CreateError, Prepared};
 use super::decoded::{Decoded, Encoded};
@@ -347,7 +348,11 @@ impl ContainerManager {
         };
         // On any error below the ticket is dropped, which frees the name again.
         let target_pid_ns = self.target_pid_namespace(config)?;
-        let mut prepared = self.creator.create(&new_id, req, target_pid_ns).await?;
+        let mut prepared = self
+            .creator
+            .create(&new_id, req, target_pid_ns)
+            .instrument(debug_span!("prepare_container", container = %new_id))
+            .await?;
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
             Err(e) => {
@@ -405,7 +410,10 @@ impl ContainerManager {
         // No lock: nobody knows the new id before this call returns.
         let made = async {
             self.save(&rec)?;
-            let (shim_pid, init_pid) = self.spawn_shim(&rec, config).await?;
+            let (shim_pid, init_pid) = self
+                .spawn_shim(&rec, config)
+                .instrument(debug_span!("shim_create"))
+                .await?;
             rec.shim_process =
                 Some(HostProcess::of(shim_pid).unwrap_or(HostProcess::ended(shim_pid)));
             rec.init_process =

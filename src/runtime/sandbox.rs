@@ -12,6 +12,7 @@ use std::sync::Arc;
 use k8s_cri::v1 as cri;
 use prost::Message;
 use serde::{Deserialize, Serialize};
+use tracing::{Instrument, debug_span};
 
 use super::cgroups::{self, Layout};
 use super::decoded::{Decoded, Encoded};
@@ -376,19 +377,36 @@ impl SandboxManager {
             decoded: Decoded::default(),
             list_item: Encoded::default(),
         };
-        let guard = self.lock.lock().await;
+        // Only the record and the pod cgroup are made under the lock (see `make_cgroups`);
+        // the pod's files, namespaces and network are its own, made outside it, so pods
+        // started together do not queue behind each other. The record stays `Creating`
+        // (hidden from lists, refused by stop/remove) meanwhile.
+        let guard = self
+            .lock
+            .lock()
+            .instrument(debug_span!("sandbox_lock"))
+            .await;
         self.save(&rec)?;
-        let mut built = self.build(&mut rec, config, host_net).await;
+        let mut built = self.make_cgroups(&mut rec);
         drop(guard);
-        // CNI ADD runs outside the lock: a slow or hung plugin must not hold up other pods.
-        // The record stays `Creating` (hidden from lists, refused by stop/remove) meanwhile.
         if built.is_ok() {
-            built = self.attach_network(&mut rec, config).await;
+            let span = debug_span!("build_sandbox", sandbox = %rec.id);
+            built = self
+                .build(&mut rec, config, host_net)
+                .instrument(span)
+                .await;
+        }
+        if built.is_ok() {
+            built = self
+                .attach_network(&mut rec, config)
+                .instrument(debug_span!("cni_add"))
+                .await;
         }
         if built.is_err() {
             self.release_network(&rec).await;
         }
         let _guard = self.lock.lock().await;
+        self.adopt_handed_over(&mut rec);
         match built {
             Ok(()) => {
                 rec.state = SandboxState::Ready;
@@ -410,7 +428,32 @@ impl SandboxManager {
         }
     }
 
-    /// Makes everything a sandbox owns; the caller undoes it on error.
+    /// The pod cgroup (before the pod init, which starts inside it), under the manager's
+    /// lock: a pod being removed meanwhile either finds the ancestors this pod shares still
+    /// empty and removes them before they are made again, or finds this pod's cgroup below
+    /// them and hands them over to it (`hand_over_cgroups`).
+    fn make_cgroups(&self, rec: &mut SandboxRecord) -> Result<(), SandboxError> {
+        if rec.cgroup_parent.is_empty() {
+            return Ok(());
+        }
+        rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
+            .map_err(internal("creating the pod cgroup"))?;
+        self.save(rec)
+    }
+
+    /// Takes into `rec` the cgroup directories a removed pod handed over to the stored copy
+    /// of this record while it was being built (call with the lock held, before saving).
+    fn adopt_handed_over(&self, rec: &mut SandboxRecord) {
+        if let Some(stored) = self.table.get(&rec.id) {
+            for dir in &stored.created_cgroups {
+                if !rec.created_cgroups.contains(dir) {
+                    rec.created_cgroups.push(dir.clone());
+                }
+            }
+        }
+    }
+
+    /// Makes the pod's files, /dev/shm and namespaces; the caller undoes it on error.
     async fn build(
         &self,
         rec: &mut SandboxRecord,
@@ -458,12 +501,6 @@ impl SandboxManager {
                 v
             })
             .unwrap_or_default();
-        // The pod cgroup comes first: the pod init (if any) starts inside it.
-        if !rec.cgroup_parent.is_empty() {
-            rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
-                .map_err(internal("creating the pod cgroup"))?;
-            self.save(rec)?;
-        }
         let pins = PinRequest {
             net: rec.net_ns.clone(),
             ipc: rec.ipc_ns.clone(),
@@ -478,13 +515,18 @@ impl SandboxManager {
             sysctls,
         };
         if pins.net.is_some() || pins.ipc.is_some() || pins.uts.is_some() || pins.pid.is_some() {
-            rec.pod_init = pin::pin(&self.exe, &pins).await.map_err(|e| match e {
-                pin::PinError::SysctlInvalid(_) | pin::PinError::SysctlNotAllowed(_) => {
-                    SandboxError::InvalidArgument(format!("RunPodSandbox: {e}"))
-                }
-                e => SandboxError::Internal(e.to_string()),
-            })?;
+            rec.pod_init = pin::pin(&self.exe, &pins)
+                .instrument(debug_span!("pin_namespaces"))
+                .await
+                .map_err(|e| match e {
+                    pin::PinError::SysctlInvalid(_) | pin::PinError::SysctlNotAllowed(_) => {
+                        SandboxError::InvalidArgument(format!("RunPodSandbox: {e}"))
+                    }
+                    e => SandboxError::Internal(e.to_string()),
+                })?;
             if rec.pod_init.is_some() {
+                let _guard = self.lock.lock().await;
+                self.adopt_handed_over(rec);
                 self.save(rec)?;
             }
         } else if !pins.sysctls.is_empty() {

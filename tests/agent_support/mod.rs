@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{Daemon, TempDir, image, tail};
+use crate::common::{CgroupRoot, Daemon, TempDir, image, tail};
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 
@@ -28,6 +28,8 @@ pub struct Agent {
     pub logs: TempDir,
     /// Holds the config file (read again when the test restarts berthd).
     pub _conf: TempDir,
+    /// The agent's cgroup root (its QoS cgroups outlive berthd, as a kubelet's do).
+    pub _cgroups: CgroupRoot,
 }
 
 impl Agent {
@@ -54,16 +56,18 @@ impl Agent {
         let manifests = TempDir::new("manifests");
         let logs = TempDir::new("podlogs");
         let conf = TempDir::new("agentconf");
+        let cgroup_root = conf
+            .path()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("agent")
+            .to_string();
         let config = conf.path().join("config.toml");
         let base = format!(
             "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
              node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-             sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{}/kubepods\"\n{thresholds}",
+             sync_period_ms = 300\nnode_lease_duration_secs = 2.0\ncgroup_root = \"/{cgroup_root}/kubepods\"\n{thresholds}",
             logs.path(),
-            conf.path()
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("agent")
         );
         // The test's lines override the harness's (a TOML file may not name a key twice).
         let mut table: toml::Table = base.parse().expect("harness config");
@@ -89,6 +93,7 @@ impl Agent {
             manifests,
             logs,
             _conf: conf,
+            _cgroups: CgroupRoot::made_by_the_test(cgroup_root),
         };
         a.wait_endpoint();
         a

@@ -639,3 +639,82 @@ pub async fn http_get(addr: &str, path: &str) -> String {
     }
     answer
 }
+
+/// A cgroup path a test's daemon or kubelet makes its cgroups under, in every hierarchy;
+/// removed deepest first on drop (after whatever ran in it was killed), even when the test
+/// fails.
+pub struct CgroupRoot {
+    pub name: String,
+}
+
+impl CgroupRoot {
+    /// Makes `name` (a path relative to each hierarchy's root) in every hierarchy.
+    pub fn new(name: String) -> Self {
+        for h in hierarchies() {
+            let _ = std::fs::create_dir_all(h.join(&name));
+        }
+        CgroupRoot { name }
+    }
+
+    /// Only removes `name` on drop: the test's daemon makes it.
+    pub fn made_by_the_test(name: String) -> Self {
+        CgroupRoot { name }
+    }
+}
+
+/// Every mounted cgroup hierarchy (v1 controllers and the v2 one).
+pub fn hierarchies() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for line in std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+    {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        if matches!(post.split(' ').next(), Some("cgroup" | "cgroup2"))
+            && let Some(p) = pre.split(' ').nth(4)
+        {
+            v.push(PathBuf::from(p));
+        }
+    }
+    v
+}
+
+fn dirs_deepest_first(top: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![top.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.push(d);
+    }
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        for h in hierarchies() {
+            let top = h.join(&self.name);
+            for d in dirs_deepest_first(&top) {
+                if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                    for pid in procs.lines() {
+                        let _ = Command::new("kill").arg("-KILL").arg(pid).status();
+                    }
+                }
+                for _ in 0..50 {
+                    if std::fs::remove_dir(&d).is_ok() || !d.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+}

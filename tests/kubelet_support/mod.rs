@@ -4,14 +4,14 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use berth::client::CriClient;
 use k8s_cri::v1 as cri;
 
-use crate::common::{Daemon, TempDir, free_port, spawn_logged, tail, terminate};
+use crate::common::{CgroupRoot, Daemon, TempDir, free_port, spawn_logged, tail, terminate};
 
 pub mod control_plane;
 
@@ -78,78 +78,6 @@ pub fn run_for(cmd: &mut Command, timeout: Duration) -> (bool, String, String) {
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default(),
     )
-}
-
-/// A cgroup path made by the kubelet under every hierarchy, removed deepest first on drop
-/// (after whatever ran in it was killed).
-pub struct CgroupRoot {
-    pub name: String,
-}
-
-impl CgroupRoot {
-    fn new(name: String) -> Self {
-        for h in hierarchies() {
-            let _ = std::fs::create_dir_all(h.join(&name));
-        }
-        CgroupRoot { name }
-    }
-}
-
-/// Every mounted cgroup hierarchy (v1 controllers and the v2 one).
-fn hierarchies() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for line in std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-    {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        if matches!(post.split(' ').next(), Some("cgroup" | "cgroup2"))
-            && let Some(p) = pre.split(' ').nth(4)
-        {
-            v.push(PathBuf::from(p));
-        }
-    }
-    v
-}
-
-fn dirs_deepest_first(top: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![top.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        if let Ok(rd) = std::fs::read_dir(&d) {
-            for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    stack.push(e.path());
-                }
-            }
-        }
-        out.push(d);
-    }
-    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    out
-}
-
-impl Drop for CgroupRoot {
-    fn drop(&mut self) {
-        for h in hierarchies() {
-            let top = h.join(&self.name);
-            for d in dirs_deepest_first(&top) {
-                if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
-                    for pid in procs.lines() {
-                        let _ = Command::new("kill").arg("-KILL").arg(pid).status();
-                    }
-                }
-                for _ in 0..50 {
-                    if std::fs::remove_dir(&d).is_ok() || !d.exists() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        }
-    }
 }
 
 /// How a kubelet is started.
