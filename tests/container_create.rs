@@ -237,3 +237,97 @@ async fn a_retried_create_gets_the_first_calls_container_and_a_different_one_con
     assert_ne!(fresh, a);
     remove_pod(&c, &pod).await;
 }
+
+#[tokio::test]
+async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let layers = d.snapshot_dirs().len();
+    let mut events = c
+        .runtime()
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .expect("events")
+        .into_inner();
+    let mut next_event = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(20), events.message())
+            .await
+            .expect("an event in time")
+            .expect("event stream")
+            .expect("an event")
+    };
+    // Deadlines far shorter than the work: the caller gives up (its client may say Cancelled
+    // before berthd says DeadlineExceeded), and the sandbox and the container are made all
+    // the same (their events come), and the retries get them.
+    let cut_short = |e: tonic::Status| {
+        assert!(
+            matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{e:?}"
+        )
+    };
+    let mut run = tonic::Request::new(cri::RunPodSandboxRequest {
+        config: Some(sandbox_config()),
+        runtime_handler: String::new(),
+    });
+    run.set_timeout(std::time::Duration::from_millis(2));
+    cut_short(
+        c.runtime()
+            .run_pod_sandbox(run)
+            .await
+            .expect_err("deadline"),
+    );
+    let made = next_event().await;
+    assert_eq!(
+        made.container_event_type,
+        cri::ContainerEventType::ContainerCreatedEvent as i32
+    );
+    let pod = run_pod(&c, &sandbox_config()).await;
+    assert_eq!(
+        made.container_id, pod,
+        "the retry gets the first call's sandbox"
+    );
+    assert_eq!(
+        next_event().await.container_event_type,
+        cri::ContainerEventType::ContainerStartedEvent as i32
+    );
+    let mut create = tonic::Request::new(cri::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(container(&busybox)),
+        sandbox_config: Some(sandbox_config()),
+    });
+    create.set_timeout(std::time::Duration::from_millis(2));
+    cut_short(
+        c.runtime()
+            .create_container(create)
+            .await
+            .expect_err("deadline"),
+    );
+    let made = next_event().await;
+    assert_eq!(
+        made.container_event_type,
+        cri::ContainerEventType::ContainerCreatedEvent as i32
+    );
+    let id = try_create(&c, &pod, container(&busybox))
+        .await
+        .expect("retry");
+    assert_eq!(
+        made.container_id, id,
+        "the retry gets the first call's container: {made:?}"
+    );
+    let listed = c
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    c.runtime()
+        .remove_container(cri::RemoveContainerRequest { container_id: id })
+        .await
+        .expect("remove");
+    remove_pod(&c, &pod).await;
+    nothing_left(&d, layers);
+}

@@ -26,6 +26,17 @@ pub struct RuntimeApi {
     events: EventSource,
 }
 
+/// Runs a call that makes something on the host to its end in a task of its own, even when the
+/// caller goes away first (deadline, disconnect): cut short, it would leave half a pod or a
+/// container behind. A retry meanwhile finds the name reserved and waits for this result.
+async fn to_completion<T: Send + 'static>(
+    call: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(tracing::Instrument::in_current_span(call))
+        .await
+        .map_err(|e| Status::internal(format!("the call's task ended: {e}")))?
+}
+
 impl RuntimeApi {
     /// The sandbox manager behind the pod sandbox calls.
     pub(super) fn sandboxes(&self) -> &SandboxManager {
@@ -222,11 +233,18 @@ async fn run_pod_sandbox(
     &self,
     request: Request<cri::RunPodSandboxRequest>,
 ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
-    let pod_sandbox_id = self.sandboxes.run(request.get_ref()).await?;
-    self.containers
-        .emit_sandbox(EventKind::Created, &pod_sandbox_id);
-    self.containers
-        .emit_sandbox(EventKind::Started, &pod_sandbox_id);
+    let (sandboxes, containers) = (self.sandboxes.clone(), self.containers.clone());
+    let req = request.into_inner();
+    let pod_sandbox_id = to_completion(async move {
+        let (id, made) = sandboxes.run(&req).await?;
+        // A retry returns the first call's sandbox, whose events went out with it.
+        if made {
+            containers.emit_sandbox(EventKind::Created, &id);
+            containers.emit_sandbox(EventKind::Started, &id);
+        }
+        Ok(id)
+    })
+    .await?;
     Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id }))
 }
 
@@ -395,7 +413,9 @@ async fn create_container(
     &self,
     request: Request<cri::CreateContainerRequest>,
 ) -> Result<Response<cri::CreateContainerResponse>, Status> {
-    let container_id = self.containers.create(request.get_ref()).await?;
+    let containers = self.containers.clone();
+    let req = request.into_inner();
+    let container_id = to_completion(async move { Ok(containers.create(&req).await?) }).await?;
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
 }
 

@@ -348,11 +348,19 @@ impl ContainerManager {
         };
         // On any error below the ticket is dropped, which frees the name again.
         let target_pid_ns = self.target_pid_namespace(config)?;
-        let mut prepared = self
-            .creator
-            .create(&new_id, req, target_pid_ns)
-            .instrument(debug_span!("prepare_container", container = %new_id))
-            .await?;
+        // Mounting the rootfs and writing the bundle block: off the async workers, so pods
+        // created together do not hold up every other call.
+        let (creator, owned_req, span) = (
+            self.creator.clone(),
+            req.clone(),
+            debug_span!("prepare_container", container = %new_id),
+        );
+        let id_for_prep = new_id.clone();
+        let mut prepared = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| creator.create(&id_for_prep, &owned_req, target_pid_ns))
+        })
+        .await
+        .map_err(|e| ContainerError::Internal(format!("CreateContainer {new_id}: {e}")))??;
         let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
             Ok(s) => s,
             Err(e) => {

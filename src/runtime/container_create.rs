@@ -73,8 +73,9 @@ impl ContainerCreator {
 
     /// Checks the request and prepares the bundle; on error nothing is left behind.
     /// `id` is the new container's (already reserved with its name); `target_pid_ns` is the
-    /// PID namespace of the container PID mode TARGET names.
-    pub async fn create(
+    /// PID namespace of the container PID mode TARGET names. Blocking (mounts, files): the
+    /// caller runs it off the async workers.
+    pub fn create(
         &self,
         id: &str,
         req: &cri::CreateContainerRequest,
@@ -138,17 +139,14 @@ impl ContainerCreator {
             sandbox_id: sandbox.id.clone(),
             ..Default::default()
         };
-        match self
-            .prepare(
-                &sandbox,
-                req,
-                config,
-                &image.record,
-                &mut prepared,
-                &target_pid_ns,
-            )
-            .await
-        {
+        match self.prepare(
+            &sandbox,
+            req,
+            config,
+            &image.record,
+            &mut prepared,
+            &target_pid_ns,
+        ) {
             Ok(()) => Ok(prepared),
             Err(e) => {
                 prepared.undo(&self.images);
@@ -157,7 +155,7 @@ impl ContainerCreator {
         }
     }
 
-    async fn prepare(
+    fn prepare(
         &self,
         sandbox: &super::sandbox::SandboxRecord,
         req: &cri::CreateContainerRequest,

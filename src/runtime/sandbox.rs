@@ -299,8 +299,12 @@ impl SandboxManager {
         self.records()
     }
 
-    /// RunPodSandbox: returns the id (the first call's id for a retried request).
-    pub async fn run(&self, req: &cri::RunPodSandboxRequest) -> Result<String, SandboxError> {
+    /// RunPodSandbox: returns the id (the first call's id for a retried request) and whether
+    /// this call made the sandbox.
+    pub async fn run(
+        &self,
+        req: &cri::RunPodSandboxRequest,
+    ) -> Result<(String, bool), SandboxError> {
         let config = req.config.as_ref().ok_or_else(|| {
             SandboxError::InvalidArgument("RunPodSandbox: config is missing".into())
         })?;
@@ -345,7 +349,7 @@ impl SandboxManager {
         let ticket = match self.names.reserve(&name, fingerprint, &id).await {
             Reservation::Existing(id) => {
                 tracing::info!(sandbox = %id, name = %name, "retried RunPodSandbox: returning the first call's sandbox");
-                return Ok(id);
+                return Ok((id, false));
             }
             Reservation::Conflict { id } => return Err(SandboxError::NameInUse { name, id }),
             Reservation::New(t) => t,
@@ -418,7 +422,7 @@ impl SandboxManager {
                 }
                 ticket.created();
                 tracing::info!(sandbox = %rec.id, name = %rec.name, "pod sandbox ready");
-                Ok(rec.id)
+                Ok((rec.id, true))
             }
             Err(e) => {
                 self.teardown(&rec);
