@@ -390,8 +390,7 @@ impl SandboxManager {
             .lock()
             .instrument(debug_span!("sandbox_lock"))
             .await;
-        self.save(&rec)?;
-        let mut built = self.make_cgroups(&mut rec);
+        let mut built = self.make_cgroups(&mut rec).and_then(|()| self.save(&rec));
         drop(guard);
         if built.is_ok() {
             let span = debug_span!("build_sandbox", sandbox = %rec.id);
@@ -432,8 +431,8 @@ impl SandboxManager {
         }
     }
 
-    /// The pod cgroup (before the pod init, which starts inside it), under the manager's
-    /// lock: a pod being removed meanwhile either finds the ancestors this pod shares still
+    /// The pod cgroup (before the pod init, which starts inside it; the record saved next
+    /// names what was made), under the manager's lock: a pod being removed meanwhile either finds the ancestors this pod shares still
     /// empty and removes them before they are made again, or finds this pod's cgroup below
     /// them and hands them over to it (`hand_over_cgroups`).
     fn make_cgroups(&self, rec: &mut SandboxRecord) -> Result<(), SandboxError> {
@@ -442,7 +441,7 @@ impl SandboxManager {
         }
         rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
             .map_err(internal("creating the pod cgroup"))?;
-        self.save(rec)
+        Ok(())
     }
 
     /// Takes into `rec` the cgroup directories a removed pod handed over to the stored copy
