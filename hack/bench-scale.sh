@@ -157,12 +157,12 @@ def ratio(x, y):
 print(f"{'':34}{'berth':>12}{'containerd':>12}{'ratio':>8}  target")
 for n in counts:
     for call, key in (("ListContainers", "listContainers"), ("ListPodSandbox", "listPodSandbox"),
-                      ("  undecoded", "listContainersUndecoded"),
-                      ("  undecoded", "listPodSandboxUndecoded")):
+                      ("ListContainers undecoded", "listContainersUndecoded"),
+                      ("ListPodSandbox undecoded", "listPodSandboxUndecoded")):
         for q in ("p50Ms", "p99Ms"):
             x, y = b["lists"][n][key][q], c["lists"][n][key][q]
             tgt = {100: "<= 1 ms p50", 500: "<= 5 ms p50"}.get(n, "") if q == "p50Ms" else ""
-            print(f"{call + ' ' + q[:3] + ' @' + str(n) + ' (ms)':34}{x:12.3f}{y:12.3f}{ratio(x, y):>8}  {tgt}{', <= 0.5x' if tgt else ''}")
+            print(f"{call + ' ' + q[:3] + ' @' + str(n) + ' (ms)':36}{x:12.3f}{y:12.3f}{ratio(x, y):>8}  {tgt}{', <= 0.5x' if tgt else ''}")
     x, y = b["rssPerPodKiB"][n], c["rssPerPodKiB"][n]
     print(f"{'RSS growth per pod @' + str(n) + ' (KiB)':34}{x:12.1f}{y:12.1f}{ratio(x, y):>8}  <= 50 KiB")
 x, y = b["idleCpuPercent"]["percentOfCore"], c["idleCpuPercent"]["percentOfCore"]
