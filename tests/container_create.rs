@@ -212,13 +212,7 @@ async fn a_retried_create_gets_the_first_calls_container_and_a_different_one_con
         .expect("late retry");
     assert_eq!(again, a);
     // Only one container was made.
-    let listed = c
-        .runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("list")
-        .into_inner()
-        .containers;
+    let listed = list_containers(&c).await;
     assert_eq!(listed.len(), 1);
     // The same name with a different request is AlreadyExists, naming the holder.
     let mut other = container(&busybox);
@@ -237,6 +231,15 @@ async fn a_retried_create_gets_the_first_calls_container_and_a_different_one_con
     assert_ne!(fresh, a);
     remove_pod(&c, &pod).await;
 }
+
+/// A request whose caller gives up after 2 ms, far sooner than the work takes.
+fn with_2ms_deadline<T>(message: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    req.set_timeout(std::time::Duration::from_millis(2));
+    req
+}
+
+const CREATED: i32 = cri::ContainerEventType::ContainerCreatedEvent as i32;
 
 #[tokio::test]
 async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result() {
@@ -267,11 +270,10 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
             "{e:?}"
         )
     };
-    let mut run = tonic::Request::new(cri::RunPodSandboxRequest {
+    let run = with_2ms_deadline(cri::RunPodSandboxRequest {
         config: Some(sandbox_config()),
         runtime_handler: String::new(),
     });
-    run.set_timeout(std::time::Duration::from_millis(2));
     cut_short(
         c.runtime()
             .run_pod_sandbox(run)
@@ -279,10 +281,7 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
             .expect_err("deadline"),
     );
     let made = next_event().await;
-    assert_eq!(
-        made.container_event_type,
-        cri::ContainerEventType::ContainerCreatedEvent as i32
-    );
+    assert_eq!(made.container_event_type, CREATED);
     let pod = run_pod(&c, &sandbox_config()).await;
     assert_eq!(
         made.container_id, pod,
@@ -292,12 +291,11 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
         next_event().await.container_event_type,
         cri::ContainerEventType::ContainerStartedEvent as i32
     );
-    let mut create = tonic::Request::new(cri::CreateContainerRequest {
+    let create = with_2ms_deadline(cri::CreateContainerRequest {
         pod_sandbox_id: pod.clone(),
         config: Some(container(&busybox)),
         sandbox_config: Some(sandbox_config()),
     });
-    create.set_timeout(std::time::Duration::from_millis(2));
     cut_short(
         c.runtime()
             .create_container(create)
@@ -305,10 +303,7 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
             .expect_err("deadline"),
     );
     let made = next_event().await;
-    assert_eq!(
-        made.container_event_type,
-        cri::ContainerEventType::ContainerCreatedEvent as i32
-    );
+    assert_eq!(made.container_event_type, CREATED);
     let id = try_create(&c, &pod, container(&busybox))
         .await
         .expect("retry");
@@ -316,13 +311,7 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
         made.container_id, id,
         "the retry gets the first call's container: {made:?}"
     );
-    let listed = c
-        .runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("list")
-        .into_inner()
-        .containers;
+    let listed = list_containers(&c).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     c.runtime()
         .remove_container(cri::RemoveContainerRequest { container_id: id })

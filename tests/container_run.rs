@@ -39,13 +39,7 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         .expect("create")
         .into_inner()
         .container_id;
-    let listed = c
-        .runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("list")
-        .into_inner()
-        .containers;
+    let listed = list_containers(&c).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(
         listed[0].state,
@@ -150,13 +144,7 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         })
         .await
         .expect("remove sandbox");
-    let listed = c
-        .runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("list")
-        .into_inner()
-        .containers;
+    let listed = list_containers(&c).await;
     assert!(
         listed.is_empty(),
         "containers removed with their sandbox: {listed:?}"

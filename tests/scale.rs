@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth::client::CriClient;
 use common::*;
 use k8s_cri::v1 as cri;
 
@@ -26,24 +25,6 @@ fn host_pod(i: usize, logs: &std::path::Path) -> cri::PodSandboxConfig {
         ns.network = cri::NamespaceMode::Node as i32;
     }
     cfg
-}
-
-async fn list_containers(c: &CriClient) -> Vec<cri::Container> {
-    c.runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("ListContainers")
-        .into_inner()
-        .containers
-}
-
-async fn list_pods(c: &CriClient) -> Vec<cri::PodSandbox> {
-    c.runtime()
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .expect("ListPodSandbox")
-        .into_inner()
-        .items
 }
 
 /// A client on its own connection whose HTTP/2 windows are small, so that a stream it does
@@ -149,7 +130,7 @@ async fn five_hundred_pods_run_list_and_go_with_nothing_left() {
             .iter()
             .all(|x| x.state == cri::ContainerState::ContainerRunning as i32)
     );
-    let pods = list_pods(&c).await;
+    let pods = list_pod_sandboxes(&c).await;
     assert_eq!(pods.len(), PODS);
     assert!(
         pods.iter()
@@ -192,7 +173,7 @@ async fn five_hundred_pods_run_list_and_go_with_nothing_left() {
         r.expect("remove task");
     }
     assert!(list_containers(&c).await.is_empty());
-    assert!(list_pods(&c).await.is_empty());
+    assert!(list_pod_sandboxes(&c).await.is_empty());
     let deadline = Instant::now() + Duration::from_secs(10);
     while shims_of(&d.state()) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -236,23 +236,7 @@ pub fn important_lines(log: &str) -> String {
         .join("\n")
 }
 
-pub async fn sandboxes(c: &berth::client::CriClient) -> Vec<cri::PodSandbox> {
-    c.runtime()
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .expect("ListPodSandbox")
-        .into_inner()
-        .items
-}
-
-pub async fn containers(c: &berth::client::CriClient) -> Vec<cri::Container> {
-    c.runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("ListContainers")
-        .into_inner()
-        .containers
-}
+pub use crate::common::{list_containers as containers, list_pod_sandboxes as sandboxes};
 
 /// A host-network pod manifest with one busybox container running `script`.
 pub fn pod_yaml(name: &str, script: &str, extra_spec: &str, extra_container: &str) -> String {

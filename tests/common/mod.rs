@@ -488,6 +488,26 @@ pub fn sh_container(
     }
 }
 
+/// Every container ListContainers shows (no filter); panics on error.
+pub async fn list_containers(c: &CriClient) -> Vec<cri::Container> {
+    c.runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers
+}
+
+/// Every pod sandbox ListPodSandbox shows (no filter); panics on error.
+pub async fn list_pod_sandboxes(c: &CriClient) -> Vec<cri::PodSandbox> {
+    c.runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items
+}
+
 /// RunPodSandbox; panics on error.
 pub async fn run_pod(c: &CriClient, config: &cri::PodSandboxConfig) -> String {
     c.runtime()
