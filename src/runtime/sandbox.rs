@@ -432,9 +432,10 @@ impl SandboxManager {
     }
 
     /// The pod cgroup (before the pod init, which starts inside it; the record saved next
-    /// names what was made), under the manager's lock: a pod being removed meanwhile either finds the ancestors this pod shares still
-    /// empty and removes them before they are made again, or finds this pod's cgroup below
-    /// them and hands them over to it (`hand_over_cgroups`).
+    /// names what was made), under the manager's lock: a pod being removed meanwhile either
+    /// finds the ancestors this pod shares still empty and removes them before they are made
+    /// again, or finds this pod's cgroup below them and hands them over to it
+    /// (`hand_over_cgroups`).
     fn make_cgroups(&self, rec: &mut SandboxRecord) -> Result<(), SandboxError> {
         if rec.cgroup_parent.is_empty() {
             return Ok(());
