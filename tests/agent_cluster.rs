@@ -123,6 +123,20 @@ impl AgentNode {
         ));
     }
 
+    /// Sleeping pods (grace 1 s) named `names`, once all run; their containers' ids.
+    fn running_sleepers(&self, names: &[&str]) -> Vec<String> {
+        for name in names {
+            self.create_pod(name, 1, "while true; do sleep 1; done");
+        }
+        names
+            .iter()
+            .map(|name| {
+                self.wait_pod("Running", name, "{.status.phase}", "Running");
+                self.pod_path(name, "{.status.containerStatuses[0].containerID}")
+            })
+            .collect()
+    }
+
     /// The agent's sandboxes (all states) for pods named `name`.
     async fn sandboxes(&self, name: &str) -> Vec<cri::PodSandbox> {
         agent_support::sandboxes(&self.agent.daemon.client().await)
@@ -691,12 +705,8 @@ async fn events_tell_the_pods_story_and_repeats_become_counts() {
 #[tokio::test]
 async fn pods_keep_running_while_the_api_server_is_away_and_their_status_catches_up() {
     let mut n = AgentNode::start("");
-    n.create_pod("steady", 1, "while true; do sleep 1; done");
-    n.create_pod("flaky", 1, "while true; do sleep 1; done");
-    n.wait_pod("Running", "steady", "{.status.phase}", "Running");
-    n.wait_pod("Running", "flaky", "{.status.phase}", "Running");
-    let steady = n.pod_path("steady", "{.status.containerStatuses[0].containerID}");
-    let flaky = n.pod_path("flaky", "{.status.containerStatuses[0].containerID}");
+    let [steady, flaky] =
+        <[String; 2]>::try_from(n.running_sleepers(&["steady", "flaky"])).expect("two pods");
     n.cp.stop_component("kube-apiserver");
     // While it is away, a container dies and is restarted: the status waits to be sent.
     let c = n.agent.daemon.client().await;
@@ -1162,11 +1172,7 @@ async fn a_node_shutdown_turns_the_node_not_ready_before_its_pods_end() {
 #[tokio::test]
 async fn a_pod_deleted_while_berthd_was_down_is_stopped_at_its_start() {
     let mut n = AgentNode::start("");
-    n.create_pod("doomed", 1, "while true; do sleep 1; done");
-    n.create_pod("kept", 1, "while true; do sleep 1; done");
-    n.wait_pod("Running", "doomed", "{.status.phase}", "Running");
-    n.wait_pod("Running", "kept", "{.status.phase}", "Running");
-    let kept = n.pod_path("kept", "{.status.containerStatuses[0].containerID}");
+    let kept = n.running_sleepers(&["doomed", "kept"]).remove(1);
     n.agent.daemon.stop();
     n.cp.kubectl_ok(&[
         "-n",

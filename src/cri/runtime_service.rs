@@ -414,8 +414,8 @@ async fn create_container(
     request: Request<cri::CreateContainerRequest>,
 ) -> Result<Response<cri::CreateContainerResponse>, Status> {
     let containers = self.containers.clone();
-    let req = request.into_inner();
-    let container_id = to_completion(async move { Ok(containers.create(&req).await?) }).await?;
+    let req = Arc::new(request.into_inner());
+    let container_id = to_completion(async move { Ok(containers.create(req).await?) }).await?;
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
 }
 

@@ -321,7 +321,7 @@ impl ContainerManager {
     /// CreateContainer: the first call's id for a retried request.
     pub async fn create(
         &self,
-        req: &cri::CreateContainerRequest,
+        req: Arc<cri::CreateContainerRequest>,
     ) -> Result<String, ContainerError> {
         let config = req.config.as_ref().ok_or_else(|| {
             CreateError::InvalidArgument("CreateContainer: config is missing".into())
@@ -337,7 +337,7 @@ impl ContainerManager {
             "{}_{}_{}_{}",
             meta.name, sandbox_name, req.pod_sandbox_id, meta.attempt
         );
-        let fingerprint = names::fingerprint(req);
+        let fingerprint = names::fingerprint(&*req);
         // The name first: a retry while the first call still prepares waits for its result
         // instead of preparing a second bundle.
         let new_id = crate::util::random_hex(32);
@@ -350,14 +350,14 @@ impl ContainerManager {
         let target_pid_ns = self.target_pid_namespace(config)?;
         // Mounting the rootfs and writing the bundle block: off the async workers, so pods
         // created together do not hold up every other call.
-        let (creator, owned_req, span) = (
+        let (creator, shared_req, span) = (
             self.creator.clone(),
             req.clone(),
             debug_span!("prepare_container", container = %new_id),
         );
         let id_for_prep = new_id.clone();
         let mut prepared = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| creator.create(&id_for_prep, &owned_req, target_pid_ns))
+            span.in_scope(|| creator.create(&id_for_prep, &shared_req, target_pid_ns))
         })
         .await
         .map_err(|e| ContainerError::Internal(format!("CreateContainer {new_id}: {e}")))??;
