@@ -446,9 +446,11 @@ async fn a_berthd_killed_during_add_releases_the_network_at_its_next_start() {
     d.kill9();
     let _ = bg.await;
     d.spawn();
-    // The half-made sandbox is rolled back at start and its network released in the background.
+    // The half-made sandbox is rolled back at start and its network released in the background;
+    // the host end of its veth goes with the namespace, which the kernel tears down after the
+    // last reference is gone.
     for _ in 0..250 {
-        if net.allocations().is_empty() && cache_entries(&d).is_empty() {
+        if net.allocations().is_empty() && cache_entries(&d).is_empty() && net.veths().is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
