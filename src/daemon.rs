@@ -68,6 +68,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         sandboxes.clone(),
         &config.root,
     ));
+    {
+        let creator = creator.clone();
+        tokio::task::spawn_blocking(move || creator.remove_leftovers());
+    }
     let shim = std::env::current_exe()
         .context("finding berthd's own path")?
         .with_file_name("berth-shim");

@@ -77,9 +77,7 @@ fn nothing_left(d: &Daemon, layers: usize) {
         "only the image's layers: {:?}",
         d.snapshot_dirs()
     );
-    let bundles: Vec<_> = std::fs::read_dir(d.root().join("containers"))
-        .map(|r| r.flatten().collect())
-        .unwrap_or_default();
+    let bundles = common::settled_entries(&d.root().join("containers"));
     assert!(bundles.is_empty(), "bundles left: {bundles:?}");
     let root = d.root().to_string_lossy().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

@@ -149,9 +149,7 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         listed.is_empty(),
         "containers removed with their sandbox: {listed:?}"
     );
-    let left: Vec<_> = std::fs::read_dir(d.root().join("containers"))
-        .map(|r| r.flatten().collect())
-        .unwrap_or_default();
+    let left = common::settled_entries(&d.root().join("containers"));
     assert!(left.is_empty(), "{left:?}");
 }
 

@@ -104,13 +104,7 @@ impl Env {
 
     /// Container bundles on disk.
     fn bundles(&self) -> Vec<String> {
-        std::fs::read_dir(self.d.root().join("containers"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        common::settled_entries(&self.d.root().join("containers"))
     }
 
     /// Mount points under the daemon's container bundles.

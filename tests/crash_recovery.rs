@@ -133,6 +133,10 @@ async fn running_containers_survive_kill_9_and_half_created_ones_are_rolled_back
             .put_record(berth::store::CONTAINERS, "half", &rec)
             .expect("forge record");
     }
+    // ... and the files of a removal a crash cut short: a bundle moved aside, not yet deleted.
+    let removed = d.root().join("containers").join("rm-gone");
+    std::fs::create_dir_all(removed.join("rootfs/etc")).expect("removed bundle");
+    std::fs::write(removed.join("config.json"), "{}").expect("removed bundle's config");
     // The quitter exits while berthd is down; the logger keeps logging.
     let lines_down = log_lines(&logs.join("logger.log"));
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -168,6 +172,10 @@ async fn running_containers_survive_kill_9_and_half_created_ones_are_rolled_back
     assert!(
         !mounted(&rootfs) && !bundle.exists(),
         "half container cleaned up"
+    );
+    assert!(
+        !settled_entries(&d.root().join("containers")).contains(&"rm-gone".to_string()),
+        "the bundle a removal moved aside is deleted at start-up"
     );
     let reaped = orphan.wait().expect("wait orphan");
     assert!(!reaped.success(), "the orphan in its cgroup was killed");

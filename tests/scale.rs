@@ -179,9 +179,7 @@ async fn five_hundred_pods_run_list_and_go_with_nothing_left() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(shims_of(&d.state()), 0, "shims left");
-    let left: Vec<_> = std::fs::read_dir(d.root().join("containers"))
-        .map(|r| r.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = common::settled_entries(&d.root().join("containers"));
     assert!(left.is_empty(), "bundles left: {left:?}");
     let sockets: Vec<_> = std::fs::read_dir(d.state().join("shims"))
         .map(|r| r.flatten().map(|e| e.file_name()).collect())

@@ -648,6 +648,18 @@ impl Snapshotter {
 
     /// Removes a snapshot and its directory. Fails with [`Error::InUse`] if it has children.
     pub fn remove(&self, key: &str) -> Result<()> {
+        if let Some(doomed) = self.detach(key)?
+            && let Err(e) = std::fs::remove_dir_all(&doomed)
+        {
+            tracing::warn!(key, path = %doomed.display(), error = %e, "could not delete removed snapshot; it is retried on the next open");
+        }
+        Ok(())
+    }
+
+    /// Removes a snapshot's record (it must have no children) and moves its directory aside;
+    /// returns where it now is, for the caller to delete when it suits it (None when the move
+    /// failed). A directory nobody deleted is deleted by the next [`Snapshotter::open`].
+    pub fn detach(&self, key: &str) -> Result<Option<PathBuf>> {
         let ctx = || format!("remove snapshot {key:?}");
         let txn = self.db.begin_write().db(ctx)?;
         let id = {
@@ -669,13 +681,10 @@ impl Snapshotter {
         let doomed = self.snapshots.join(format!("{RM_PREFIX}{id}"));
         if let Err(e) = std::fs::rename(&dir, &doomed) {
             tracing::warn!(key, path = %dir.display(), error = %e, "could not move removed snapshot aside");
-            return Ok(());
-        }
-        if let Err(e) = std::fs::remove_dir_all(&doomed) {
-            tracing::warn!(key, path = %doomed.display(), error = %e, "could not delete removed snapshot; it is retried on the next open");
+            return Ok(None);
         }
         tracing::debug!(key, id, "removed snapshot");
-        Ok(())
+        Ok(Some(doomed))
     }
 
     /// Metadata of one snapshot.

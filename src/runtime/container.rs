@@ -348,6 +348,8 @@ impl ContainerManager {
         };
         // On any error below the ticket is dropped, which frees the name again.
         let target_pid_ns = self.target_pid_namespace(config)?;
+        // The init joins its cgroups a few milliseconds from now, in the shim.
+        super::cgroup_attach::prime();
         // Mounting the rootfs and writing the bundle block: off the async workers, so pods
         // created together do not hold up every other call.
         let (creator, shared_req, span) = (
@@ -603,14 +605,20 @@ impl ContainerManager {
         if !rec.is_active() {
             return Ok(());
         }
-        match self.signal_and_wait(&rec, timeout).await {
+        match self
+            .signal_and_wait(&rec, timeout)
+            .instrument(debug_span!("signal_and_wait"))
+            .await
+        {
             // The container exited meanwhile (its shim retires and goes away after an exit):
             // stopped is what was asked for.
             Err(_) if self.find(&rec.id).map_or(true, |r| !r.is_active()) => {}
             Err(e) => return Err(e),
             Ok(()) => {}
         }
-        self.wait_retired(&rec.id).await;
+        self.wait_retired(&rec.id)
+            .instrument(debug_span!("wait_retired"))
+            .await;
         Ok(())
     }
 
@@ -691,13 +699,18 @@ impl ContainerManager {
             last.exit = Some(exit.unwrap_or_else(|| self.exit_from_file(&rec)));
             self.emit(EventKind::Stopped, Arc::new(last.clone()), false);
         }
-        self.undo_files(&rec);
+        // The directories are deleted after the call returns (a container's rootfs may hold
+        // many files); until then they are out of the way under names no container has.
+        let doomed = self.prepared_of(&rec).detach(&self.images);
         {
             let _guard = self.lock.lock().await;
             self.delete(&rec.id)?;
             self.names.release(&rec.name, &rec.id);
         }
         self.emit(EventKind::Deleted, Arc::new(last), false);
+        if !doomed.is_empty() {
+            tokio::task::spawn_blocking(move || super::container_create::delete_dirs(doomed));
+        }
         Ok(())
     }
 
@@ -709,14 +722,18 @@ impl ContainerManager {
 
     /// Removes the rootfs mount, the snapshot and the bundle.
     fn undo_files(&self, rec: &ContainerRecord) {
-        let mut prepared = Prepared {
+        self.prepared_of(rec).undo(&self.images);
+    }
+
+    /// What a container's preparation made, as its record tells.
+    fn prepared_of(&self, rec: &ContainerRecord) -> Prepared {
+        Prepared {
             id: rec.id.clone(),
             snapshot: (!rec.snapshot.is_empty()).then(|| rec.snapshot.clone()),
             rootfs_mounted: Some(rec.bundle.join("rootfs")),
             bundle: Some(rec.bundle.clone()),
             ..Default::default()
-        };
-        prepared.undo(&self.images);
+        }
     }
 
     /// Deletes the container through its shim (or, with no shim to answer, kills what runs in
@@ -765,6 +782,8 @@ impl ContainerManager {
             return Err(CreateError::InvalidArgument("ExecSync: cmd is empty".into()).into());
         }
         let rec = self.running(id, "ExecSync")?;
+        // The process joins the container's cgroups in the shim.
+        super::cgroup_attach::prime();
         let timeout_ms = u64::try_from(timeout_secs.max(0))
             .unwrap_or(0)
             .saturating_mul(1000);

@@ -71,6 +71,26 @@ impl ContainerCreator {
         }
     }
 
+    /// Deletes bundles a removal moved aside (`<root>/containers/rm-<id>`) and did not get to
+    /// delete before berthd stopped. Blocking.
+    pub fn remove_leftovers(&self) {
+        let dir = self.root.join("containers");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(DOOMED_PREFIX)
+            {
+                let path = entry.path();
+                tracing::info!(path = %path.display(), "deleting the bundle of a removed container");
+                delete_dirs(vec![path]);
+            }
+        }
+    }
+
     /// Checks the request and prepares the bundle; on error nothing is left behind.
     /// `id` is the new container's (already reserved with its name); `target_pid_ns` is the
     /// PID namespace of the container PID mode TARGET names. Blocking (mounts, files): the
@@ -285,10 +305,33 @@ pub(super) fn unmount_rootfs(rootfs: &std::path::Path) -> Result<(), berth_snaps
     }
 }
 
+/// Prefix of a removed container's bundle, moved aside until it is deleted.
+const DOOMED_PREFIX: &str = "rm-";
+
+/// Deletes directories [`Prepared::detach`] moved aside; what fails is logged.
+pub fn delete_dirs(dirs: Vec<PathBuf>) {
+    for dir in dirs {
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %dir.display(), error = %e, "deleting a removed container's files");
+        }
+    }
+}
+
 impl Prepared {
     /// Unmounts the rootfs and image volumes, removes the snapshots and the bundle. Idempotent:
     /// what is already gone is skipped (logged at debug), only a real failure warns.
     pub fn undo(&mut self, images: &ImageManager) {
+        delete_dirs(self.detach(images));
+    }
+
+    /// [`Prepared::undo`] up to deleting directories: the snapshot's record goes, its directory
+    /// and the bundle are moved aside, and their new paths are returned for [`delete_dirs`]
+    /// (which the snapshotter's and the creator's start-up clean-up also do, should berthd stop
+    /// first).
+    pub fn detach(&mut self, images: &ImageManager) -> Vec<PathBuf> {
+        let mut doomed = Vec::new();
         if let Some(bundle) = &self.bundle
             && !self.id.is_empty()
         {
@@ -300,8 +343,8 @@ impl Prepared {
             tracing::warn!(rootfs = %rootfs.display(), error = %e, "unmounting rootfs");
         }
         if let Some(key) = self.snapshot.take() {
-            match images.snapshotter().remove(&key) {
-                Ok(()) => {}
+            match images.snapshotter().detach(&key) {
+                Ok(dir) => doomed.extend(dir),
                 Err(berth_snapshotter::Error::NotFound(_)) => {
                     tracing::debug!(snapshot = %key, "container snapshot already removed");
                 }
@@ -311,17 +354,22 @@ impl Prepared {
             }
         }
         if let Some(bundle) = self.bundle.take() {
-            match std::fs::remove_dir_all(&bundle) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let aside = bundle.file_name().map(|name| {
+                bundle.with_file_name(format!("{DOOMED_PREFIX}{}", name.to_string_lossy()))
+            });
+            match aside.map(|aside| std::fs::rename(&bundle, &aside).map(|()| aside)) {
+                Some(Ok(aside)) => doomed.push(aside),
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     tracing::debug!(bundle = %bundle.display(), "bundle already removed");
                 }
-                Err(e) => tracing::warn!(bundle = %bundle.display(), error = %e, "removing bundle"),
+                // Not movable (or no name): deleted where it is.
+                _ => doomed.push(bundle),
             }
         }
         // Deepest first; only while empty (the container may have written into them).
         for dir in self.created_host_dirs.drain(..).rev() {
             let _ = std::fs::remove_dir(&dir);
         }
+        doomed
     }
 }

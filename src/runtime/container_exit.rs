@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::task::AbortHandle;
+use tracing::{Instrument, debug_span};
 
 use super::container::{ContainerManager, ContainerRecord, ContainerState, ExitInfo};
 use super::events::EventKind;
@@ -303,9 +304,13 @@ impl ContainerManager {
         let me = self.weak();
         tokio::spawn(async move {
             let Some(me) = me.upgrade() else { return };
-            me.release_shim(&rec).await;
+            me.release_shim(&rec)
+                .instrument(debug_span!("shim_delete", container = %rec.id))
+                .await;
             let rootfs = rec.bundle.join("rootfs");
+            let span = debug_span!("unmount_rootfs", container = %rec.id);
             let unmounted = tokio::task::spawn_blocking(move || {
+                let _entered = span.enter();
                 super::container_create::unmount_rootfs(&rootfs)
                     .inspect_err(|e| {
                         tracing::debug!(rootfs = %rootfs.display(), error = %e, "unmounting an exited container's rootfs");

@@ -169,6 +169,8 @@ impl ContainerManager {
         stderr: bool,
     ) -> Result<ShimSession, ContainerError> {
         let rec = self.running(id, "Exec")?;
+        // The process joins the container's cgroups in the shim.
+        super::cgroup_attach::prime();
         let request = api::request::Request::ExecStream(api::ExecStreamRequest {
             args: cmd.to_vec(),
             tty,

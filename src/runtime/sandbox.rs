@@ -631,7 +631,9 @@ impl SandboxManager {
         }) else {
             return Ok(());
         };
-        self.detach_network(&rec).await?;
+        self.detach_network(&rec)
+            .instrument(debug_span!("cni_del"))
+            .await?;
         let _guard = self.lock.lock().await;
         let Some(mut rec) = self.settled(&rec.id)? else {
             return Ok(());

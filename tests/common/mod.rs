@@ -211,15 +211,7 @@ impl Daemon {
 
     /// Directories of snapshots on disk.
     pub fn snapshot_dirs(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.root().join("snapshotter/snapshots"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        settled_entries(&self.root().join("snapshotter/snapshots"))
     }
 }
 
@@ -406,6 +398,27 @@ pub fn hack(script: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The names in `dir` (none when it is missing) once nothing moved aside for deletion
+/// (`rm-*`: a removed container's bundle or snapshot, deleted after the call returned) is
+/// left, or as they are after 10 s.
+pub fn settled_entries(dir: &Path) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !names.iter().any(|n| n.starts_with("rm-")) || Instant::now() > deadline {
+            names.sort();
+            return names;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Whether `path` is a mount point.
