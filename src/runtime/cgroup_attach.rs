@@ -4,31 +4,45 @@
 //! system-wide lock for writing, and the first writer after a quiet spell waits for an RCU grace
 //! period before it gets it (7–8 ms on a 2-core VM); writers that follow within about one more
 //! grace period get it at once. The container's init joins its cgroups a few milliseconds into
-//! CreateContainer, and the pod init into the pod's cgroup a few into RunPodSandbox: each paid
-//! that wait on its own. A call that is about to move a process first asks for the lock here,
+//! CreateContainer, the pod init into the pod's cgroup a few into RunPodSandbox, an exec'd
+//! process into the container's: each paid that wait on its own. A call that is about to move
+//! a process (or, as RunPodSandbox, comes just before one that will) asks for the lock here,
 //! in the background, by writing berthd's own pid into the cgroup it is already in (a move to
 //! where it already is, which changes nothing), so the grace period runs while the call is
-//! still preparing. Hosts that mount cgroups with `favordynmods` never wait, and there this
-//! costs one cheap write.
+//! still preparing, and repeats the write every [`INTERVAL`] until [`HOLD`] after the last
+//! call asked, so the lock stays quick to take in between. Nothing runs while no call asks.
+//! Hosts that mount cgroups with `favordynmods` never wait, and there this costs cheap writes.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long after the last [`prime`] the lock is kept quick to take.
+const HOLD: Duration = Duration::from_millis(30);
+
+/// Time between two writes while holding: well under one grace period.
+const INTERVAL: Duration = Duration::from_millis(2);
 
 /// Starts taking the cgroup-attach lock on the blocking pool and returns at once; a move into
-/// a cgroup that follows within a few milliseconds shares its grace period. Needs a Tokio
-/// runtime.
+/// a cgroup that follows within [`HOLD`] finds it quick to take. Needs a Tokio runtime.
 pub fn prime() {
     static PRIMER: OnceLock<AttachPrimer> = OnceLock::new();
     PRIMER.get_or_init(AttachPrimer::detect).prime();
 }
 
-/// Asks for the cgroup-attach lock ahead of a move; at most one request in flight.
+/// Takes the cgroup-attach lock ahead of moves; one blocking task at most.
 #[derive(Debug)]
 struct AttachPrimer {
     /// berthd's own `cgroup.procs` (None: not found, and priming does nothing).
     procs: Option<PathBuf>,
-    in_flight: AtomicBool,
+    hold: Mutex<Hold>,
+}
+
+/// Until when the lock is to be kept quick, and whether a task is doing it.
+#[derive(Debug)]
+struct Hold {
+    until: Instant,
+    running: bool,
 }
 
 impl AttachPrimer {
@@ -47,26 +61,44 @@ impl AttachPrimer {
         }
         Self {
             procs,
-            in_flight: AtomicBool::new(false),
+            hold: Mutex::new(Hold {
+                until: Instant::now(),
+                running: false,
+            }),
         }
     }
 
-    /// [`prime`]: nothing when a request is already in flight (the move that follows shares
-    /// its grace period).
+    /// [`prime`]: extends the hold, and starts the task unless it runs.
     fn prime(&'static self) {
         let Some(procs) = &self.procs else { return };
-        if self.in_flight.swap(true, Ordering::AcqRel) {
-            return;
+        {
+            let Ok(mut hold) = self.hold.lock() else {
+                return;
+            };
+            hold.until = hold.until.max(Instant::now() + HOLD);
+            if hold.running {
+                return;
+            }
+            hold.running = true;
         }
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = Self::prime_now(procs) {
-                tracing::debug!(procs = %procs.display(), error = %e, "priming the cgroup-attach lock");
+            loop {
+                if let Err(e) = Self::prime_now(procs) {
+                    tracing::debug!(procs = %procs.display(), error = %e, "priming the cgroup-attach lock");
+                }
+                std::thread::sleep(INTERVAL);
+                let Ok(mut hold) = self.hold.lock() else {
+                    return;
+                };
+                if Instant::now() >= hold.until {
+                    hold.running = false;
+                    return;
+                }
             }
-            self.in_flight.store(false, Ordering::Release);
         });
     }
 
-    /// The write itself (an error only costs the head start, and is logged by the caller).
+    /// One write (an error only costs the head start, and is logged by the caller).
     fn prime_now(procs: &Path) -> std::io::Result<()> {
         std::fs::write(procs, std::process::id().to_string())
     }

@@ -106,10 +106,6 @@ pub fn validate_sysctls(req: &PinRequest) -> Result<(), PinError> {
 /// Returns the pod init when a PID namespace was asked for.
 pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<HostProcess>, PinError> {
     validate_sysctls(req)?;
-    if req.pid.is_some() && !req.cgroups.is_empty() {
-        // The pod init joins the pod's cgroups in the child.
-        super::cgroup_attach::prime();
-    }
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("pin-namespaces");
     for (flag, path) in [

@@ -305,6 +305,9 @@ impl SandboxManager {
         &self,
         req: &cri::RunPodSandboxRequest,
     ) -> Result<(String, bool), SandboxError> {
+        // The pod init joins the pod's cgroups in a few milliseconds, and the pod's first
+        // container's init follows soon after the call returns.
+        super::cgroup_attach::prime();
         let config = req.config.as_ref().ok_or_else(|| {
             SandboxError::InvalidArgument("RunPodSandbox: config is missing".into())
         })?;
