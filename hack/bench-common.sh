@@ -155,6 +155,19 @@ latency_rows() {
   done
 }
 
+# bench_run_setup NAME: the test registry and images (REG, IMAGE, PAUSE), a fresh work directory
+# W and cgroup prefix CG named after NAME, and no daemons or client yet (for stop_run).
+bench_run_setup() {
+  eval "$(bash "$(dirname "${BASH_SOURCE[0]}")/test-env.sh" 2>/dev/null)"
+  REG=$BERTH_TEST_REGISTRY
+  IMAGE=$REG/busybox:latest
+  PAUSE=$REG/berth-bench-pause:latest
+  W=$(mktemp -d "/tmp/berth-bench-$1.XXXXXX")
+  CG=berth-$1-$$
+  daemons=()
+  bench_pid=
+}
+
 # release_binaries TOP: sets BERTHD and BERTHCTL to TOP's release build; exits naming the
 # binary when one of them (or the shim) is missing.
 release_binaries() {

@@ -21,14 +21,7 @@ CRITEST=${CRITEST:-}
 . "$here/bench-common.sh"
 release_binaries "$top"
 command -v containerd >/dev/null && command -v runc >/dev/null || bash "$here/install-deps.sh" --bench
-eval "$(bash "$here/test-env.sh" 2>/dev/null)"
-REG=$BERTH_TEST_REGISTRY
-IMAGE=$REG/busybox:latest
-PAUSE=$REG/berth-bench-pause:latest
-W=$(mktemp -d /tmp/berth-bench-critest.XXXXXX)
-CG=berth-critest-$$
-daemons=()
-bench_pid=
+bench_run_setup critest
 # shellcheck source=hack/bench-net.sh
 . "$here/bench-net.sh"
 pod_networks_init "$N"
