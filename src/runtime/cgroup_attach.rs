@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::cgroups::{CgroupMount, cgroup_mounts};
+
 /// How long after the last [`prime`] the lock is kept quick to take.
 const HOLD: Duration = Duration::from_millis(30);
 
@@ -75,7 +77,7 @@ impl AttachPrimer {
             let Ok(mut hold) = self.hold.lock() else {
                 return;
             };
-            hold.until = hold.until.max(Instant::now() + HOLD);
+            hold.until = Instant::now() + HOLD;
             if hold.running {
                 return;
             }
@@ -108,30 +110,18 @@ impl AttachPrimer {
 /// hybrid hosts), otherwise the first v1 hierarchy that is mounted. `cgroup` is
 /// `/proc/self/cgroup`, `mountinfo` is `/proc/self/mountinfo`.
 pub fn own_procs_file(cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
-    // (fstype, super options, mount root, mount point) of every cgroup mount.
-    let mounts: Vec<(&str, &str, &str, &str)> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (pre, post) = line.split_once(" - ")?;
-            let mut pre = pre.split(' ').skip(3);
-            let (root, point) = (pre.next()?, pre.next()?);
-            let mut post = post.split(' ');
-            let fstype = post.next()?;
-            let options = post.nth(1).unwrap_or_default();
-            matches!(fstype, "cgroup" | "cgroup2").then_some((fstype, options, root, point))
-        })
-        .collect();
+    let mounts: Vec<CgroupMount> = cgroup_mounts(mountinfo).collect();
     // A line's hierarchy: cgroup2 for "0::", else the v1 mount whose options name every
     // controller of the line (or its `name=`).
     let mount_of = |controllers: &str| {
-        mounts.iter().find(|(fstype, options, _, _)| {
+        mounts.iter().find(|m| {
             if controllers.is_empty() {
-                *fstype == "cgroup2"
+                m.v2
             } else {
-                *fstype == "cgroup"
+                !m.v2
                     && controllers
                         .split(',')
-                        .all(|c| options.split(',').any(|o| o == c))
+                        .all(|c| m.options.split(',').any(|o| o == c))
             }
         })
     };
@@ -146,9 +136,9 @@ pub fn own_procs_file(cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
     // The unified hierarchy first.
     lines.sort_by_key(|(controllers, _)| !controllers.is_empty());
     lines.into_iter().find_map(|(controllers, path)| {
-        let (_, _, root, point) = mount_of(controllers)?;
-        let rel = path.strip_prefix(root)?.trim_start_matches('/');
-        Some(Path::new(point).join(rel).join("cgroup.procs"))
+        let mount = mount_of(controllers)?;
+        let rel = path.strip_prefix(mount.root)?.trim_start_matches('/');
+        Some(Path::new(mount.point).join(rel).join("cgroup.procs"))
     })
 }
 
@@ -194,6 +184,26 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/berthd/cgroup.procs"))
         );
         assert_eq!(own_procs_file("0::/elsewhere\n", mountinfo), None);
+    }
+
+    #[tokio::test]
+    async fn priming_runs_while_asked_and_stops_after_the_hold() {
+        let primer: &'static AttachPrimer = Box::leak(Box::new(AttachPrimer::detect()));
+        assert!(primer.procs.is_some(), "the test's own cgroup is found");
+        let running = || primer.hold.lock().map(|h| h.running).unwrap_or(true);
+        let until = || primer.hold.lock().map(|h| h.until).expect("hold");
+        primer.prime();
+        assert!(running(), "a task holds the lock after a call asks");
+        let first = until();
+        // Asking again while it runs extends the hold.
+        tokio::time::sleep(INTERVAL).await;
+        primer.prime();
+        assert!(until() > first, "the second call extended the hold");
+        let deadline = Instant::now() + HOLD * 20;
+        while running() && Instant::now() < deadline {
+            tokio::time::sleep(INTERVAL).await;
+        }
+        assert!(!running(), "nothing runs once no call asks");
     }
 
     #[test]

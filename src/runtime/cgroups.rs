@@ -23,16 +23,11 @@ impl Layout {
     pub fn from_mountinfo(text: &str) -> Self {
         let mut v1 = Vec::new();
         let mut v2 = None;
-        for line in text.lines() {
-            let Some((pre, post)) = line.split_once(" - ") else {
-                continue;
-            };
-            let mount_point = pre.split(' ').nth(4).unwrap_or_default();
-            let fstype = post.split(' ').next().unwrap_or_default();
-            match fstype {
-                "cgroup" => v1.push(PathBuf::from(mount_point)),
-                "cgroup2" => v2 = v2.or(Some(PathBuf::from(mount_point))),
-                _ => {}
+        for mount in cgroup_mounts(text) {
+            if mount.v2 {
+                v2 = v2.or(Some(PathBuf::from(mount.point)));
+            } else {
+                v1.push(PathBuf::from(mount.point));
             }
         }
         match (v1.is_empty(), v2) {
@@ -93,6 +88,41 @@ impl Layout {
             Self::V1(roots) => roots.iter().map(|r| r.join(rel)).collect(),
         }
     }
+}
+
+/// A cgroup filesystem's mount, from one line of mountinfo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupMount<'a> {
+    /// cgroup2 (else a v1 hierarchy).
+    pub v2: bool,
+    /// Super options: a v1 hierarchy's controllers (or `name=...`) among them.
+    pub options: &'a str,
+    /// The cgroup the mount shows at its mount point.
+    pub root: &'a str,
+    /// Where it is mounted.
+    pub point: &'a str,
+}
+
+/// The cgroup and cgroup2 mounts in mountinfo text, in its order.
+pub fn cgroup_mounts(text: &str) -> impl Iterator<Item = CgroupMount<'_>> {
+    text.lines().filter_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        let mut pre = pre.split(' ').skip(3);
+        let (root, point) = (pre.next()?, pre.next()?);
+        let mut post = post.split(' ');
+        let v2 = match post.next()? {
+            "cgroup" => false,
+            "cgroup2" => true,
+            _ => return None,
+        };
+        let options = post.nth(1).unwrap_or_default();
+        Some(CgroupMount {
+            v2,
+            options,
+            root,
+            point,
+        })
+    })
 }
 
 /// Whether this host has the hugetlb controller (read once: controllers do not come and go).

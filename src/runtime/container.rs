@@ -702,15 +702,15 @@ impl ContainerManager {
         // The directories are deleted after the call returns (a container's rootfs may hold
         // many files); until then they are out of the way under names no container has.
         let doomed = self.prepared_of(&rec).detach(&self.images);
+        if !doomed.is_empty() {
+            tokio::task::spawn_blocking(move || super::container_create::delete_dirs(doomed));
+        }
         {
             let _guard = self.lock.lock().await;
             self.delete(&rec.id)?;
             self.names.release(&rec.name, &rec.id);
         }
         self.emit(EventKind::Deleted, Arc::new(last), false);
-        if !doomed.is_empty() {
-            tokio::task::spawn_blocking(move || super::container_create::delete_dirs(doomed));
-        }
         Ok(())
     }
 
