@@ -7,6 +7,7 @@ pub mod cri;
 pub mod daemon;
 pub mod image;
 pub mod logging;
+pub mod logs;
 pub mod metrics;
 pub mod net;
 pub mod runtime;
