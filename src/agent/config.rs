@@ -17,6 +17,23 @@ pub struct AgentConfig {
     pub address: String,
     /// Root of the pods' log directories (`<root>/<namespace>_<name>_<uid>`).
     pub pod_log_dir: PathBuf,
+    /// `HOST:PORT` of the node server (HTTPS: logs, exec, attach, port-forward, stats for the
+    /// API server); its port goes into the Node's `daemonEndpoints`. Empty: off. It runs when
+    /// clients can be authenticated: in a cluster, or with `client_ca_file`.
+    pub server_address: String,
+    /// `HOST:PORT` of the plain-HTTP `/healthz` endpoint that runs beside the node server
+    /// (empty: off).
+    pub healthz_address: String,
+    /// The node server's certificate (PEM; with `tls_private_key_file`). None: a self-signed
+    /// one for the node's names and addresses, kept in `cert_dir`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The node server's private key (PEM).
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that signs the client certificates the node server accepts (the API server's
+    /// kubelet client certificate). None: clients authenticate with bearer tokens only.
+    pub client_ca_file: Option<PathBuf>,
+    /// Directory of the node's own certificates (default: `<state dir>/agent/pki`).
+    pub cert_dir: Option<PathBuf>,
     /// Milliseconds between rescans of the manifest directory.
     pub manifest_rescan_ms: u64,
     /// Milliseconds between two syncs of one pod with the runtime.
@@ -192,6 +209,12 @@ impl Default for AgentConfig {
             manifest_dir: PathBuf::from("/etc/berth/manifests"),
             address: "127.0.0.1:10255".to_string(),
             pod_log_dir: PathBuf::from("/var/log/pods"),
+            server_address: "0.0.0.0:10250".to_string(),
+            healthz_address: "127.0.0.1:10248".to_string(),
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            client_ca_file: None,
+            cert_dir: None,
             manifest_rescan_ms: 1000,
             sync_period_ms: 1000,
             backoff_base_secs: 10.0,
@@ -245,6 +268,22 @@ impl AgentConfig {
                 "agent.address {:?} is not HOST:PORT (an IP address and a port)",
                 self.address
             ));
+        }
+        for (name, v) in [
+            ("agent.server_address", &self.server_address),
+            ("agent.healthz_address", &self.healthz_address),
+        ] {
+            if !v.is_empty() && v.parse::<std::net::SocketAddr>().is_err() {
+                return Err(format!(
+                    "{name} {v:?} is not HOST:PORT (an IP address and a port) or empty (off)"
+                ));
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_private_key_file.is_some() {
+            return Err(
+                "agent.tls_cert_file and agent.tls_private_key_file go together: give both or neither"
+                    .into(),
+            );
         }
         let positive = [
             ("agent.backoff_base_secs", self.backoff_base_secs),

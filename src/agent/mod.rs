@@ -8,6 +8,7 @@ pub mod config;
 pub mod eviction;
 pub mod gc;
 pub mod node;
+pub mod node_server;
 pub mod pods;
 pub mod probes;
 pub mod runtime;
@@ -162,7 +163,15 @@ pub async fn start(
             error,
         })?;
     let local = listener.local_addr().ok();
-    node_status.set_port(local.map(|a| a.port()).unwrap_or_default());
+    // The Node's daemonEndpoints name the node server, or the read-only endpoint without one.
+    let server_port = match node_server::start(ctx.clone(), cfg, state_dir).await {
+        Ok(port) => port,
+        Err(e) => {
+            tracing::error!(error = %e, "node server not started");
+            None
+        }
+    };
+    node_status.set_port(server_port.or(local.map(|a| a.port())).unwrap_or_default());
     // Where the endpoint really listens (with port 0 in the address, the kernel chose it).
     if let Some(addr) = local {
         let file = state_dir.join("agent/endpoint");

@@ -61,6 +61,21 @@ struct Cli {
     /// The agent's read-only status endpoint.
     #[arg(long, value_name = "HOST:PORT")]
     agent_address: Option<String>,
+    /// The node server (HTTPS, for the API server: logs, exec, port-forward, stats); empty: off.
+    #[arg(long, value_name = "HOST:PORT")]
+    agent_server_address: Option<String>,
+    /// Plain-HTTP /healthz beside the node server; empty: off.
+    #[arg(long, value_name = "HOST:PORT")]
+    healthz_address: Option<String>,
+    /// The node server's certificate (PEM; default: self-signed for the node).
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// The node server's private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_private_key_file: Option<PathBuf>,
+    /// CA of the client certificates the node server accepts.
+    #[arg(long, value_name = "FILE")]
+    client_ca_file: Option<PathBuf>,
     /// Kubeconfig of the API server the agent joins as a node (off: pods from files only).
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -188,6 +203,21 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.kubeconfig {
         cfg.agent.kubeconfig = Some(v.clone());
+    }
+    if let Some(v) = &cli.agent_server_address {
+        cfg.agent.server_address = v.clone();
+    }
+    if let Some(v) = &cli.healthz_address {
+        cfg.agent.healthz_address = v.clone();
+    }
+    if let Some(v) = &cli.tls_cert_file {
+        cfg.agent.tls_cert_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.tls_private_key_file {
+        cfg.agent.tls_private_key_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.client_ca_file {
+        cfg.agent.client_ca_file = Some(v.clone());
     }
     if let Some(v) = &cli.node_name {
         cfg.agent.node_name = Some(v.clone());

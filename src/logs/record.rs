@@ -54,7 +54,12 @@ mod tests {
         let r = parse_record(b"2026-12-03T10:00:00.5Z stderr F hello world\n").expect("record");
         assert_eq!(
             (r.time, r.stream, r.full, r.body),
-            ("2026-12-03T10:00:00.5Z", "stderr", true, &b"hello world"[..])
+            (
+                "2026-12-03T10:00:00.5Z",
+                "stderr",
+                true,
+                &b"hello world"[..]
+            )
         );
         assert_eq!(
             r.time().map(|t| t.as_millisecond()),

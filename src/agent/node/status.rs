@@ -246,11 +246,14 @@ impl NodeStatus {
             });
             let file = self.lease_file.clone();
             let bytes = serde_json::to_vec_pretty(&lease).unwrap_or_default();
-            let written =
-                match tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
+            let written = match tokio::task::spawn_blocking(move || {
+                crate::util::write_atomic(&file, &bytes, 0o644)
+            })
+            .await
+            {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
             match written {
                 Ok(()) => {
                     self.heartbeats.fetch_add(1, Ordering::Relaxed);
@@ -295,7 +298,10 @@ impl NodeStatus {
         } else if due {
             let file = self.status_file.clone();
             let bytes = serde_json::to_vec_pretty(&node).unwrap_or_default();
-            let res = tokio::task::spawn_blocking(move || write_atomic(&file, &bytes)).await;
+            let res = tokio::task::spawn_blocking(move || {
+                crate::util::write_atomic(&file, &bytes, 0o644)
+            })
+            .await;
             if let Ok(Err(e)) = res {
                 tracing::warn!(error = %e, "writing node status file");
             }
@@ -709,16 +715,6 @@ fn system_uuid() -> String {
     .map(|p| read_trimmed(p).trim_end_matches('\0').to_string())
     .find(|s| !s.is_empty())
     .unwrap_or_default()
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
