@@ -83,6 +83,12 @@ impl ControlPlane {
     /// Starts everything and waits until the API server is ready and the default service
     /// account exists (pods can be created).
     pub fn start(node_name: &str) -> Self {
+        Self::start_with(node_name, false)
+    }
+
+    /// As [`ControlPlane::start`]; with `verify_kubelets` the API server checks the nodes'
+    /// serving certificates against the cluster CA (`--kubelet-certificate-authority`).
+    pub fn start_with(node_name: &str, verify_kubelets: bool) -> Self {
         let dir = TempDir::new("controlplane");
         let d = dir.path().to_path_buf();
         openssl(
@@ -181,6 +187,10 @@ impl ControlPlane {
                     f("apiserver-kubelet-client.key")
                 ))
                 .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
+                .args(
+                    verify_kubelets
+                        .then(|| format!("--kubelet-certificate-authority={}", f("ca.crt"))),
+                )
                 .arg(format!("--service-account-key-file={}", f("sa.pub")))
                 .arg(format!(
                     "--service-account-signing-key-file={}",
@@ -312,6 +322,16 @@ impl ControlPlane {
     }
 
     /// The CA that signed every certificate (the kubelet authenticates the API server with it).
+    /// A certificate and key signed by the cluster CA for `subject` (`/O=.../CN=...`), with
+    /// subject alternative names `sans` (`IP:...,DNS:...`): usable to serve and as a client.
+    pub fn issue(&self, name: &str, subject: &str, sans: Option<&str>) -> (PathBuf, PathBuf) {
+        issue(self.dir.path(), name, subject, sans);
+        (
+            self.dir.path().join(format!("{name}.crt")),
+            self.dir.path().join(format!("{name}.key")),
+        )
+    }
+
     pub fn ca(&self) -> PathBuf {
         self.dir.path().join("ca.crt")
     }

@@ -49,7 +49,7 @@ pub enum NodeServerError {
     Tls(#[from] tls::TlsError),
 }
 
-/// A request that cannot be served, as the kubelet answers it (a v1 Status).
+/// A request that cannot be served.
 #[derive(Debug)]
 pub struct ServeError {
     pub status: StatusCode,
@@ -82,28 +82,10 @@ impl ServeError {
         }
     }
 
+    /// As the kubelet answers errors: the status and the message as plain text (the API
+    /// server passes it on to the client).
     fn response(&self) -> Response<Body> {
-        let reason = match self.status {
-            StatusCode::BAD_REQUEST => "BadRequest",
-            StatusCode::NOT_FOUND => "NotFound",
-            StatusCode::UNAUTHORIZED => "Unauthorized",
-            StatusCode::FORBIDDEN => "Forbidden",
-            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
-            _ => "InternalError",
-        };
-        json(
-            self.status,
-            &serde_json::json!({
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": self.message,
-                "reason": reason,
-                "code": self.status.as_u16(),
-            }),
-        )
+        plain(self.status, self.message.clone())
     }
 }
 

@@ -165,7 +165,7 @@ pub struct PodStats {
     pub volume: Vec<VolumeStats>,
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<FsStats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
     pub process_stats: Option<ProcessStats>,
 }
 
