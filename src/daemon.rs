@@ -26,7 +26,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     // A node that cannot authenticate is refused at once, not found out later in a log.
+    // A node still to be bootstrapped joins once its certificate is issued (the agent waits).
     let cluster = match &config.agent.kubeconfig {
+        Some(kubeconfig) if config.agent.bootstrap_kubeconfig.is_some() && !kubeconfig.exists() => {
+            None
+        }
         Some(kubeconfig) if config.agent.enabled => {
             let name = crate::agent::node::status::node_name(config.agent.node_name.as_deref());
             Some(Arc::new(

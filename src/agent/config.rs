@@ -34,6 +34,9 @@ pub struct AgentConfig {
     pub client_ca_file: Option<PathBuf>,
     /// Directory of the node's own certificates (default: `<state dir>/agent/pki`).
     pub cert_dir: Option<PathBuf>,
+    /// Kubeconfig with a bootstrap token, used when `kubeconfig` does not exist yet: the node
+    /// asks for its client certificate, writes `kubeconfig`, and renews the certificate later.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     /// Milliseconds between rescans of the manifest directory.
     pub manifest_rescan_ms: u64,
     /// Milliseconds between two syncs of one pod with the runtime.
@@ -215,6 +218,7 @@ impl Default for AgentConfig {
             tls_private_key_file: None,
             client_ca_file: None,
             cert_dir: None,
+            bootstrap_kubeconfig: None,
             manifest_rescan_ms: 1000,
             sync_period_ms: 1000,
             backoff_base_secs: 10.0,
@@ -261,6 +265,13 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// The directory of the node's certificates: `cert_dir`, or `<state_dir>/agent/pki`.
+    pub fn cert_dir_in(&self, state_dir: &std::path::Path) -> PathBuf {
+        self.cert_dir
+            .clone()
+            .unwrap_or_else(|| state_dir.join("agent/pki"))
+    }
+
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
         if self.address.parse::<std::net::SocketAddr>().is_err() {
@@ -278,6 +289,12 @@ impl AgentConfig {
                     "{name} {v:?} is not HOST:PORT (an IP address and a port) or empty (off)"
                 ));
             }
+        }
+        if self.bootstrap_kubeconfig.is_some() && self.kubeconfig.is_none() {
+            return Err(
+                "agent.bootstrap_kubeconfig needs agent.kubeconfig: the path the bootstrap writes the node's kubeconfig to"
+                    .into(),
+            );
         }
         if self.tls_cert_file.is_some() != self.tls_private_key_file.is_some() {
             return Err(

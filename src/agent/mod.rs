@@ -215,6 +215,16 @@ pub async fn start(
             let (cluster, status) = (cluster.clone(), node_status.clone());
             let lease = Duration::from_secs_f64(cfg.node_lease_duration_secs);
             let create = cfg.register_node;
+            let cert_dir = cfg.cert_dir_in(state_dir);
+            if let Some(kubeconfig) = cfg.kubeconfig.clone()
+                && cluster::bootstrap::uses_rotated_credentials(&kubeconfig, &cert_dir)
+            {
+                tokio::spawn(cluster::bootstrap::rotate(
+                    cluster.clone(),
+                    kubeconfig,
+                    cert_dir,
+                ));
+            }
             tokio::spawn(async move {
                 node::register::register(cluster.clone(), status.clone(), create).await;
                 status.attach(cluster.clone());
@@ -247,6 +257,26 @@ pub async fn start(
     Ok(())
 }
 
+/// With a bootstrap kubeconfig and no kubeconfig yet: the TLS bootstrap, then the cluster it
+/// joined (None when there is nothing to bootstrap).
+async fn join_by_bootstrap(
+    cfg: &AgentConfig,
+    state_dir: &std::path::Path,
+) -> Result<Option<Arc<cluster::Cluster>>, Box<dyn std::error::Error + Send + Sync>> {
+    let (Some(kubeconfig), Some(bootstrap)) = (&cfg.kubeconfig, &cfg.bootstrap_kubeconfig) else {
+        return Ok(None);
+    };
+    if kubeconfig.exists() {
+        return Ok(None);
+    }
+    let name = node::status::node_name(cfg.node_name.as_deref());
+    cluster::bootstrap::bootstrap(bootstrap, kubeconfig, &cfg.cert_dir_in(state_dir), &name)
+        .await?;
+    Ok(Some(Arc::new(
+        cluster::Cluster::connect(kubeconfig, &name).await?,
+    )))
+}
+
 /// Starts the agent in the background once the CRI socket at `socket` accepts connections
 /// (berthd calls this just before it starts serving), joining `cluster` when given. A failure is
 /// logged; CRI keeps serving.
@@ -266,6 +296,16 @@ pub fn spawn_when_ready(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let cluster = match cluster {
+            Some(c) => Some(c),
+            None => match join_by_bootstrap(&cfg, &state_dir).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "node agent not started");
+                    return;
+                }
+            },
+        };
         if let Err(e) = start(&cfg, &socket, &state_dir, &root, cluster).await {
             tracing::error!(error = %e, "node agent not started");
         }

@@ -61,6 +61,10 @@ struct Cli {
     /// The agent's read-only status endpoint.
     #[arg(long, value_name = "HOST:PORT")]
     agent_address: Option<String>,
+    /// Kubeconfig with a bootstrap token: with no --kubeconfig file yet, the node asks for its
+    /// client certificate and writes that kubeconfig.
+    #[arg(long, value_name = "FILE")]
+    bootstrap_kubeconfig: Option<PathBuf>,
     /// The node server (HTTPS, for the API server: logs, exec, port-forward, stats); empty: off.
     #[arg(long, value_name = "HOST:PORT")]
     agent_server_address: Option<String>,
@@ -203,6 +207,9 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.kubeconfig {
         cfg.agent.kubeconfig = Some(v.clone());
+    }
+    if let Some(v) = &cli.bootstrap_kubeconfig {
+        cfg.agent.bootstrap_kubeconfig = Some(v.clone());
     }
     if let Some(v) = &cli.agent_server_address {
         cfg.agent.server_address = v.clone();

@@ -199,6 +199,7 @@ impl ControlPlane {
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
                 .arg("--api-audiences=https://kubernetes.default.svc")
                 .arg("--authorization-mode=Node,RBAC")
+                .arg("--enable-bootstrap-token-auth")
                 .arg("--enable-admission-plugins=NodeRestriction")
                 .arg("--allow-privileged=true")
                 .arg(format!("--cert-dir={}", f("apiserver-certs")))
@@ -221,6 +222,8 @@ impl ControlPlane {
                     f("sa.key")
                 ))
                 .arg(format!("--root-ca-file={}", f("ca.crt")))
+                .arg(format!("--cluster-signing-cert-file={}", f("ca.crt")))
+                .arg(format!("--cluster-signing-key-file={}", f("ca.key")))
                 .arg("--node-monitor-grace-period=20s")
                 .arg("--node-monitor-period=2s"),
         );

@@ -171,7 +171,7 @@ async fn run(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Pending>) {
                 s.count += 1;
                 s.at = now;
                 let patch = serde_json::json!({"count": s.count, "lastTimestamp": status::now()});
-                Api::<Event>::namespaced(cluster.client.clone(), &s.namespace)
+                Api::<Event>::namespaced(cluster.client(), &s.namespace)
                     .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                     .map(drop)
@@ -214,7 +214,7 @@ async fn run(cluster: Arc<Cluster>, mut rx: mpsc::Receiver<Pending>) {
                     reporting_instance: Some(cluster.node_name.clone()),
                     ..Default::default()
                 };
-                let made = Api::<Event>::namespaced(cluster.client.clone(), &namespace)
+                let made = Api::<Event>::namespaced(cluster.client(), &namespace)
                     .create(&PostParams::default(), &event)
                     .await;
                 made.map(|_| {

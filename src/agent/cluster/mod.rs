@@ -3,6 +3,8 @@
 //! in `node/`, pods from the API server in `sources/api.rs`, their status in
 //! `pods/status_manager.rs`.
 
+pub mod bootstrap;
+pub mod csr;
 pub mod events;
 pub mod kubeconfig;
 pub mod objects;
@@ -15,8 +17,8 @@ pub use kubeconfig::KubeconfigError;
 
 /// The connection to the API server and the node's place there.
 pub struct Cluster {
-    /// The client (its credentials from the kubeconfig).
-    pub client: kube::Client,
+    /// The client (its credentials from the kubeconfig; replaced when they are renewed).
+    client: std::sync::RwLock<kube::Client>,
     /// Who the requests come from, for log lines.
     pub identity: String,
     /// This node's name.
@@ -31,18 +33,36 @@ impl Cluster {
     /// Reads the kubeconfig at `path` and makes the client (nothing is sent yet).
     pub async fn connect(path: &Path, node_name: &str) -> Result<Self, KubeconfigError> {
         let loaded = kubeconfig::load(path).await?;
-        let client =
-            kube::Client::try_from(loaded.config).map_err(|e| KubeconfigError::Invalid {
-                path: path.to_path_buf(),
-                error: e.to_string(),
-            })?;
+        let identity = loaded.identity.clone();
+        let client = client_of(path, loaded)?;
         Ok(Self {
-            client,
-            identity: loaded.identity,
+            client: std::sync::RwLock::new(client),
+            identity,
             node_name: node_name.to_string(),
             node_uid: OnceLock::new(),
             objects: objects::ObjectCache::default(),
         })
+    }
+
+    /// The client requests go through now.
+    pub fn client(&self) -> kube::Client {
+        self.client
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Makes later requests use `client` (renewed credentials).
+    pub fn replace_client(&self, client: kube::Client) {
+        match self.client.write() {
+            Ok(mut c) => *c = client,
+            Err(e) => *e.into_inner() = client,
+        }
+    }
+
+    /// A client from the kubeconfig at `path`.
+    pub async fn client_from(path: &Path) -> Result<kube::Client, KubeconfigError> {
+        client_of(path, kubeconfig::load(path).await?)
     }
 
     /// The Node's UID, once the node is registered.
@@ -74,6 +94,13 @@ impl Cluster {
             _ => tracing::warn!(request, error = %error, "API request failed"),
         }
     }
+}
+
+fn client_of(path: &Path, loaded: kubeconfig::Loaded) -> Result<kube::Client, KubeconfigError> {
+    kube::Client::try_from(loaded.config).map_err(|e| KubeconfigError::Invalid {
+        path: path.to_path_buf(),
+        error: e.to_string(),
+    })
 }
 
 /// The HTTP status of an error the API server answered with.

@@ -105,11 +105,11 @@ async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<
     let what = format!("{} {ns}/{name}", kind.name());
     match kind {
         Kind::ConfigMap => {
-            let api = Api::<ConfigMap>::namespaced(cluster.client.clone(), &ns);
+            let api = Api::<ConfigMap>::namespaced(cluster.client(), &ns);
             follow_one(&cluster, &api, &name, &what, &tx, config_map_keys).await;
         }
         Kind::Secret => {
-            let api = Api::<Secret>::namespaced(cluster.client.clone(), &ns);
+            let api = Api::<Secret>::namespaced(cluster.client(), &ns);
             follow_one(&cluster, &api, &name, &what, &tx, secret_keys).await;
         }
     }

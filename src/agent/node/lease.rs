@@ -18,7 +18,7 @@ pub const NAMESPACE: &str = "kube-node-lease";
 
 /// Renews the node's Lease forever, counting renewals in `renewals`.
 pub async fn run(cluster: Arc<Cluster>, duration: Duration, renewals: Arc<AtomicU64>) {
-    let api: Api<Lease> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let api: Api<Lease> = Api::namespaced(cluster.client(), NAMESPACE);
     let mut latest: Option<Lease> = None;
     let mut failures = 0u32;
     loop {

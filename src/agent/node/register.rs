@@ -24,7 +24,7 @@ pub const OWNED_LABELS: [&str; 5] = [
 
 /// Registers (or adopts) the Node, retrying until it is done; records the Node's UID.
 pub async fn register(cluster: Arc<Cluster>, status: Arc<NodeStatus>, create: bool) {
-    let api: Api<Node> = Api::all(cluster.client.clone());
+    let api: Api<Node> = Api::all(cluster.client());
     let mut failures = 0u32;
     loop {
         match attempt(&api, &cluster, &status, create).await {

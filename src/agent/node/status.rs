@@ -679,7 +679,7 @@ const STATUS_TRIES: u32 = 5;
 
 /// Sends the node's status as a strategic-merge PATCH of `nodes/<name>/status`.
 async fn send_status(cluster: &Cluster, node: &Node) -> Result<(), kube::Error> {
-    let api: kube::Api<Node> = kube::Api::all(cluster.client.clone());
+    let api: kube::Api<Node> = kube::Api::all(cluster.client());
     let patch = serde_json::json!({ "status": node.status });
     let params = kube::api::PatchParams::default();
     let mut last = None;

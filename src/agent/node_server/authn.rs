@@ -98,7 +98,7 @@ impl Authenticator {
             },
             ..Default::default()
         };
-        let api: kube::Api<TokenReview> = kube::Api::all(cluster.client.clone());
+        let api: kube::Api<TokenReview> = kube::Api::all(cluster.client());
         let answer = match api.create(&Default::default(), &review).await {
             Ok(r) => r,
             Err(e) => {

@@ -113,7 +113,7 @@ impl Authorizer {
             },
             ..Default::default()
         };
-        let api: kube::Api<SubjectAccessReview> = kube::Api::all(cluster.client.clone());
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(cluster.client());
         let decision = match api.create(&Default::default(), &review).await {
             Ok(r) => {
                 let status = r.status.unwrap_or_default();

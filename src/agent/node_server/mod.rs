@@ -143,10 +143,7 @@ pub async fn start(
     if !ctx.node.internal_ip.is_empty() {
         names.push(ctx.node.internal_ip.clone());
     }
-    let pki = cfg
-        .cert_dir
-        .clone()
-        .unwrap_or_else(|| state_dir.join("agent/pki"));
+    let pki = cfg.cert_dir_in(state_dir);
     let files = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(c), Some(k)) => Some((c.clone(), k.clone())),
         _ => None,

@@ -373,7 +373,7 @@ async fn finish_deletion(cluster: &Cluster, pod: &Pod) {
     ) else {
         return;
     };
-    let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client.clone(), ns);
+    let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client(), ns);
     let params = kube::api::DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(kube::api::Preconditions {

@@ -106,7 +106,7 @@ fn mirror_of(cluster: &Cluster, d: &DesiredPod) -> Pod {
 
 async fn create(cluster: &Cluster, d: &DesiredPod) -> Result<(), kube::Error> {
     let ns = d.pod.metadata.namespace.as_deref().unwrap_or("default");
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(cluster.client(), ns);
     match api
         .create(&PostParams::default(), &mirror_of(cluster, d))
         .await
@@ -124,7 +124,7 @@ async fn create(cluster: &Cluster, d: &DesiredPod) -> Result<(), kube::Error> {
 async fn delete(cluster: &Cluster, m: &Pod) -> Result<(), kube::Error> {
     let ns = m.metadata.namespace.as_deref().unwrap_or("default");
     let name = m.metadata.name.as_deref().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(cluster.client(), ns);
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {

@@ -76,7 +76,7 @@ async fn send(
 ) -> Result<(), kube::Error> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(cluster.client(), ns);
     let patch = serde_json::json!({"metadata": {"uid": uid}, "status": status});
     api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await

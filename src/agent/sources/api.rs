@@ -22,7 +22,7 @@ const WATCH_SECS: u32 = 290;
 
 /// Lists and watches this node's pods forever.
 pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
-    let api: Api<Pod> = Api::all(cluster.client.clone());
+    let api: Api<Pod> = Api::all(cluster.client());
     let selector = format!("spec.nodeName={}", cluster.node_name);
     let mut failures = 0u32;
     // Pods are admitted against the registered Node: none before it is.

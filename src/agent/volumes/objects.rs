@@ -249,7 +249,7 @@ impl ApiObjects {
             }),
             ..Default::default()
         };
-        let api: Api<ServiceAccount> = Api::namespaced(self.cluster.client.clone(), ns);
+        let api: Api<ServiceAccount> = Api::namespaced(self.cluster.client(), ns);
         let answer: TokenRequest = api
             .create_subresource("token", &sa, &PostParams::default(), &request)
             .await
