@@ -879,3 +879,67 @@ async fn runtime_refusals_show_as_create_container_errors_with_the_runtimes_mess
     );
     a.finish().await;
 }
+
+/// `berthctl logs` of a crash-looping container: its lines, --tail, --timestamps, --previous
+/// (the instance before, with another run id), and --follow ending when the container does.
+#[tokio::test]
+async fn berthctl_logs_shows_a_containers_log_its_previous_instance_and_follows_to_its_end() {
+    let a = Agent::start();
+    a.write(
+        "talk.yaml",
+        &pod_yaml(
+            "talk",
+            "echo run $(cat /proc/sys/kernel/random/uuid); for i in 0 1 2; do echo line $i; done; sleep 2; exit 1",
+            "",
+            "",
+        ),
+    );
+    let pod = a.wait_pod("default", "talk", "restarted once and running", |p| {
+        restarts(p, "main") >= 1 && running(p, "main")
+    });
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
+    let id = running_container(&a.daemon.client().await, &uid, "main").await;
+    let logs = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
+            .arg("--endpoint")
+            .arg(format!("unix://{}", a.daemon.socket().display()))
+            .arg("logs")
+            .args(args)
+            .arg(&id)
+            .output()
+            .expect("berthctl logs");
+        assert!(
+            out.status.success(),
+            "berthctl logs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let all = logs(&[]);
+    let lines: Vec<&str> = all.lines().collect();
+    assert_eq!(lines.len(), 4, "{all}");
+    assert!(lines[0].starts_with("run "));
+    assert_eq!(&lines[1..], ["line 0", "line 1", "line 2"]);
+    assert_eq!(logs(&["--tail", "1"]), "line 2\n");
+    let stamped = logs(&["--timestamps", "--tail", "1"]);
+    assert!(
+        stamped.starts_with("20") && stamped.ends_with("Z line 2\n"),
+        "{stamped}"
+    );
+    let previous = logs(&["--previous"]);
+    assert!(previous.starts_with("run ") && previous.ends_with("line 2\n"));
+    assert_ne!(
+        previous.lines().next(),
+        lines.first().copied(),
+        "the previous instance had its own run id"
+    );
+    // Following a running container ends once it exits (2 s after its last line).
+    let started = std::time::Instant::now();
+    let followed = logs(&["--follow"]);
+    assert!(followed.ends_with("line 2\n"), "{followed}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "follow did not end with the container"
+    );
+    a.finish().await;
+}

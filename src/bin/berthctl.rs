@@ -8,6 +8,8 @@ mod bench;
 mod bench_scale;
 #[path = "berthctl/config.rs"]
 mod config;
+#[path = "berthctl/logs.rs"]
+mod logs;
 #[path = "berthctl/pods.rs"]
 mod pods;
 
@@ -165,6 +167,8 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// A container's log (its CRI log file), as `kubectl logs` shows it.
+    Logs(logs::LogsArgs),
     /// List pod sandboxes.
     Pods {
         /// Only ready pods.
@@ -513,6 +517,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pods::ps(&client, pods::PsArgs { all, pod, quiet }, json).await?;
         }
         Command::Pods { ready, quiet, .. } => pods::pods(&client, ready, quiet, json).await?,
+        Command::Logs(args) => logs::logs(&client, args).await?,
         Command::Node { .. } => bail!("internal: node commands are answered by the agent endpoint"),
         Command::Bench {
             bench: Bench::Lifecycle(args),
