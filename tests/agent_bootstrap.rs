@@ -143,7 +143,7 @@ async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request() {
     );
     let path = kubeconfig.expect("kubeconfig path");
     let text = std::fs::read_to_string(&path).expect("the kubeconfig is written");
-    assert!(text.contains("berth-client-current/client.crt"), "{text}");
+    assert!(text.contains("berth-client-current/tls.crt"), "{text}");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
     assert_eq!(mode & 0o077, 0, "kubeconfig mode {mode:o}");

@@ -476,3 +476,50 @@ async fn stats_match_the_cgroups_and_the_node_server_refuses_who_it_must() {
     assert!(body.contains("container \"other\""), "{body}");
     finish(&n).await;
 }
+
+/// With `rotate_server_certificates`, the node asks the cluster for its serving certificate:
+/// the API server (which verifies nodes' certificates) refuses the self-made one, and reaches
+/// the node once an operator approves the node's `kubelet-serving` CSR.
+#[tokio::test]
+async fn a_serving_certificate_from_the_cluster_is_served_once_approved() {
+    let n = AgentNode::start_with("rotate_server_certificates = true", true, |cp, _| {
+        (
+            cp.node_kubeconfig(),
+            vec!["--client-ca-file".into(), cp.ca().display().to_string()],
+        )
+    });
+    let healthz = format!("/api/v1/nodes/{}/proxy/healthz", n.node);
+    let (ok, _, err) = n.cp.kubectl(&["get", "--raw", &healthz]);
+    assert!(!ok, "the self-made certificate was accepted");
+    assert!(err.contains("x509") || err.contains("certificate"), "{err}");
+    let mut csr = String::new();
+    n.cp.wait("the node's serving CSR", Duration::from_secs(60), |cp| {
+        let list: serde_json::Value =
+            serde_json::from_str(&cp.kubectl_ok(&["get", "csr", "-o", "json"])).unwrap_or_default();
+        csr = list["items"]
+            .as_array()
+            .and_then(|items| {
+                items.iter().find(|c| {
+                    c["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+                        && c["spec"]["username"] == n.user().as_str()
+                })
+            })
+            .and_then(|c| c["metadata"]["name"].as_str())
+            .unwrap_or("")
+            .to_string();
+        !csr.is_empty()
+    });
+    n.cp.kubectl_ok(&["certificate", "approve", &csr]);
+    n.cp.wait(
+        "the API server reaching the node with the signed certificate",
+        Duration::from_secs(60),
+        |cp| cp.kubectl(&["get", "--raw", &healthz]).1 == "ok",
+    );
+    let logs = n.agent.daemon.log();
+    assert!(
+        logs.contains("now serving the certificate the cluster signed"),
+        "{}",
+        agent_support::important_lines(&logs)
+    );
+    finish(&n).await;
+}

@@ -32,6 +32,10 @@ pub struct AgentConfig {
     /// CA bundle that signs the client certificates the node server accepts (the API server's
     /// kubelet client certificate). None: clients authenticate with bearer tokens only.
     pub client_ca_file: Option<PathBuf>,
+    /// Get the node server's certificate from the cluster (a `kubernetes.io/kubelet-serving`
+    /// CSR, approved by the cluster's operator or approver) and renew it before it expires;
+    /// the self-made one is served until the first is issued. Ignored with `tls_cert_file`.
+    pub rotate_server_certificates: bool,
     /// Directory of the node's own certificates (default: `<state dir>/agent/pki`).
     pub cert_dir: Option<PathBuf>,
     /// Kubeconfig with a bootstrap token, used when `kubeconfig` does not exist yet: the node
@@ -217,6 +221,7 @@ impl Default for AgentConfig {
             tls_cert_file: None,
             tls_private_key_file: None,
             client_ca_file: None,
+            rotate_server_certificates: false,
             cert_dir: None,
             bootstrap_kubeconfig: None,
             manifest_rescan_ms: 1000,

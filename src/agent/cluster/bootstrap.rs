@@ -4,7 +4,7 @@
 //! and a kubeconfig that uses it are written, and the certificate is renewed at 80 % of its life.
 //!
 //! The key and certificate live in `<cert dir>/berth-client-<time>/` and the symlink
-//! `berth-client-current` names the one in use, so a renewal switches both at once.
+//! `berth-client-current` names the pair in use, so a renewal switches both at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use super::Cluster;
 use super::csr::{self, CLIENT_SIGNER};
 use super::kubeconfig::{self, KubeconfigError};
 
-/// Name of the symlink to the credentials in use.
-pub const CURRENT: &str = "berth-client-current";
+/// The stored pairs' name (see [`csr::store`]).
+pub const PREFIX: &str = "berth-client";
 
 /// Why the node could not get its credentials.
 #[derive(Debug, thiserror::Error)]
@@ -34,38 +34,15 @@ pub enum BootstrapError {
 
 /// The credentials files under `cert_dir` in use.
 pub fn current_files(cert_dir: &Path) -> (PathBuf, PathBuf) {
-    let dir = cert_dir.join(CURRENT);
-    (dir.join("client.crt"), dir.join("client.key"))
+    csr::current_files(cert_dir, PREFIX)
 }
 
-/// Writes a new key and certificate and points `berth-client-current` at them.
+/// Stores a new key and certificate as the ones in use.
 fn install(cert_dir: &Path, issued: &csr::Issued) -> Result<(), BootstrapError> {
-    let err = |error| BootstrapError::Write {
+    csr::store(cert_dir, PREFIX, issued).map_err(|error| BootstrapError::Write {
         dir: cert_dir.to_path_buf(),
         error,
-    };
-    let stamp = crate::util::unix_nanos_now();
-    let name = format!("berth-client-{stamp}");
-    let dir = cert_dir.join(&name);
-    std::fs::create_dir_all(&dir).map_err(err)?;
-    crate::util::write_atomic(&dir.join("client.key"), issued.key_pem.as_bytes(), 0o600)
-        .map_err(err)?;
-    crate::util::write_atomic(&dir.join("client.crt"), issued.cert_pem.as_bytes(), 0o644)
-        .map_err(err)?;
-    let link = cert_dir.join(format!(".{CURRENT}.tmp"));
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&name, &link).map_err(err)?;
-    std::fs::rename(&link, cert_dir.join(CURRENT)).map_err(err)?;
-    // Older credentials are no longer used by anything.
-    if let Ok(rd) = std::fs::read_dir(cert_dir) {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("berth-client-") && n != name && n != CURRENT {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-    Ok(())
+    })
 }
 
 /// Asks for a client certificate with `client` until one is issued (a denial or failure is

@@ -1,6 +1,7 @@
 //! Certificates from the cluster's signers: a key made on the node, a CertificateSigningRequest
 //! for it, and the wait until it is approved and signed (or denied).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -161,6 +162,38 @@ pub async fn request(client: &kube::Client, req: &Request<'_>) -> Result<Issued,
     }
 }
 
+/// The key and certificate files in use of the pairs stored as `prefix`: each pair lives in
+/// `<dir>/<prefix>-<time>/` and the symlink `<dir>/<prefix>-current` names the one in use, so
+/// a renewal switches key and certificate at once.
+pub fn current_files(dir: &Path, prefix: &str) -> (PathBuf, PathBuf) {
+    let current = dir.join(format!("{prefix}-current"));
+    (current.join("tls.crt"), current.join("tls.key"))
+}
+
+/// Stores `issued` as the pair in use of `prefix` (see [`current_files`]) and removes the
+/// pairs it replaces.
+pub fn store(dir: &Path, prefix: &str, issued: &Issued) -> std::io::Result<()> {
+    let name = format!("{prefix}-{}", crate::util::unix_nanos_now());
+    let pair = dir.join(&name);
+    std::fs::create_dir_all(&pair)?;
+    crate::util::write_atomic(&pair.join("tls.key"), issued.key_pem.as_bytes(), 0o600)?;
+    crate::util::write_atomic(&pair.join("tls.crt"), issued.cert_pem.as_bytes(), 0o644)?;
+    let current = format!("{prefix}-current");
+    let link = dir.join(format!(".{current}.tmp"));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&name, &link)?;
+    std::fs::rename(&link, dir.join(&current))?;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&format!("{prefix}-")) && n != name && n != current {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// When a certificate should be renewed: at 80 % of its life (None if it does not parse).
 pub fn renew_at(cert_pem: &str) -> Option<std::time::SystemTime> {
     let der = rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).ok()?;
@@ -188,5 +221,23 @@ mod tests {
             Some(start + Duration::from_secs(800))
         );
         assert_eq!(renew_at("not a certificate"), None);
+    }
+
+    #[test]
+    fn a_stored_pair_replaces_the_one_before() {
+        let dir = std::env::temp_dir().join(format!("berth-csr-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pair = |n: &str| Issued {
+            cert_pem: format!("cert {n}"),
+            key_pem: format!("key {n}"),
+        };
+        store(&dir, "p", &pair("1")).expect("first");
+        store(&dir, "p", &pair("2")).expect("second");
+        let (crt, key) = current_files(&dir, "p");
+        assert_eq!(std::fs::read_to_string(crt).expect("crt"), "cert 2");
+        assert_eq!(std::fs::read_to_string(key).expect("key"), "key 2");
+        let left: Vec<_> = std::fs::read_dir(&dir).expect("dir").flatten().collect();
+        assert_eq!(left.len(), 2, "the current pair and its link: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

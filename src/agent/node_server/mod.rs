@@ -7,6 +7,7 @@ pub mod authn;
 pub mod authz;
 pub mod logs;
 pub mod metrics;
+pub mod serving;
 pub mod stats;
 pub mod streaming;
 pub mod tls;
@@ -148,20 +149,37 @@ pub async fn start(
         (Some(c), Some(k)) => Some((c.clone(), k.clone())),
         _ => None,
     };
+    // From the cluster when asked (once issued; stored across restarts), else the operator's
+    // files or a self-made one.
+    let from_cluster = match &ctx.cluster {
+        Some(c) if cfg.rotate_server_certificates && files.is_none() => Some(c.clone()),
+        _ => None,
+    };
+    let stored = from_cluster
+        .as_ref()
+        .and_then(|_| serving::stored(&pki))
+        .and_then(|(c, k)| tls::parse_pair(&c, &k));
     let source = tls::ServingSource {
         files,
-        pki_dir: pki,
-        names,
+        pki_dir: pki.clone(),
+        names: names.clone(),
     };
-    let (cert, key) = tokio::task::spawn_blocking(move || tls::serving_certificate(&source))
-        .await
-        .map_err(|e| tls::TlsError::Config(format!("making the serving certificate: {e}")))??;
+    let (cert, key) = match stored {
+        Some(pair) => pair,
+        None => tokio::task::spawn_blocking(move || tls::serving_certificate(&source))
+            .await
+            .map_err(|e| tls::TlsError::Config(format!("making the serving certificate: {e}")))??,
+    };
+    let serving_cert = tls::ServingCert::new(cert, key)?;
+    if let Some(cluster) = from_cluster {
+        tokio::spawn(serving::rotate(cluster, serving_cert.clone(), pki, names));
+    }
     let client_ca = cfg
         .client_ca_file
         .as_deref()
         .map(tls::ClientCa::load)
         .transpose()?;
-    let acceptor = tls::acceptor(cert, key, client_ca.as_ref())?;
+    let acceptor = tls::acceptor(serving_cert, client_ca.as_ref())?;
     let listener = tokio::net::TcpListener::bind(&cfg.server_address)
         .await
         .map_err(|error| NodeServerError::Listen {

@@ -193,11 +193,74 @@ impl ClientCa {
     }
 }
 
+/// The serving certificate in use; replaced in place when a new one is issued, so connections
+/// after that get it without a restart.
+#[derive(Debug)]
+pub struct ServingCert(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+fn certified(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    Ok(Arc::new(rustls::sign::CertifiedKey::new(certs, signing)))
+}
+
+impl ServingCert {
+    pub fn new(
+        certs: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Arc<Self>, TlsError> {
+        Ok(Arc::new(Self(std::sync::RwLock::new(certified(
+            certs, key,
+        )?))))
+    }
+
+    /// Serves `certs` and `key` from now on.
+    pub fn replace(
+        &self,
+        certs: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<(), TlsError> {
+        let new = certified(certs, key)?;
+        match self.0.write() {
+            Ok(mut c) => *c = new,
+            Err(e) => *e.into_inner() = new,
+        }
+        Ok(())
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(match self.0.read() {
+            Ok(c) => c.clone(),
+            Err(e) => e.into_inner().clone(),
+        })
+    }
+}
+
+/// Reads a PEM certificate chain and key from memory.
+pub fn parse_pair(
+    cert_pem: &str,
+    key_pem: &str,
+) -> Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .filter(|c| !c.is_empty())?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).ok()?;
+    Some((certs, key))
+}
+
 /// The TLS acceptor: the serving certificate, and client certificates requested when there is a
 /// client CA to check them against (clients may authenticate with a bearer token instead).
 pub fn acceptor(
-    cert: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
+    serving: Arc<ServingCert>,
     client_ca: Option<&ClientCa>,
 ) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -210,9 +273,7 @@ pub fn acceptor(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(cert, key)
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut config = builder.with_cert_resolver(serving);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
@@ -273,12 +334,11 @@ mod tests {
         assert_eq!(a, b, "the stored certificate is used again");
         let (c, _) = serving_certificate(&src(&["n1", "10.0.0.9"])).expect("new address");
         assert_ne!(a, c, "a new address needs a new certificate");
-        acceptor(
-            c,
-            read_key(&dir.join("berth-serving.key")).expect("key"),
-            None,
-        )
-        .expect("acceptor");
+        let serving = ServingCert::new(c, read_key(&dir.join("berth-serving.key")).expect("key"))
+            .expect("serving");
+        let (d, k) = serving_certificate(&src(&["n2"])).expect("another");
+        serving.replace(d, k).expect("replace");
+        acceptor(serving, None).expect("acceptor");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
