@@ -18,6 +18,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/.." && pwd)
 # shellcheck source=hack/bench-common.sh
 . "$here/bench-common.sh"
+# shellcheck source=hack/bench-plane.sh
+. "$here/bench-plane.sh"
 N=${1:-20}
 IDLE_SECS=${IDLE_SECS:-60}
 release_binaries "$top"
@@ -45,65 +47,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-now_us() { echo "${EPOCHREALTIME/./}"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-# The PKI: a CA, the API server's serving certificate, an admin, and node identities on demand.
-P=$W/pki
-mkdir -p "$P"
-ossl() { (cd "$P" && openssl "$@" >/dev/null 2>&1); }
-ossl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=berth-bench-ca
-issue() { # NAME SUBJECT [SANS]
-  ossl req -new -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2"
-  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n%s\n' \
-    "${3:+subjectAltName=$3}" >"$P/$1.ext"
-  ossl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 2 -extfile "$1.ext"
-}
-issue apiserver /CN=kube-apiserver "IP:127.0.0.1,DNS:localhost,IP:10.190.0.1"
-issue admin /O=system:masters/CN=admin
-openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
-openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
-API_PORT=$(free_port)
-kubeconfig() { # FILE USER
-  cat >"$1" <<YAML
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: $P/ca.crt}}]
-users: [{name: u, user: {client-certificate: $P/$2.crt, client-key: $P/$2.key}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-YAML
-}
-kubeconfig "$W/admin.kubeconfig" admin
-api() { curl -sS --cacert "$P/ca.crt" --cert "$P/admin.crt" --key "$P/admin.key" "https://127.0.0.1:$API_PORT$@"; }
-
-# The control plane.
-ETCD_PORT=$(free_port); PEER_PORT=$(free_port)
-"$BERTH_TEST_ETCD" --data-dir="$W/etcd" --listen-client-urls="http://127.0.0.1:$ETCD_PORT" \
-  --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" --listen-peer-urls="http://127.0.0.1:$PEER_PORT" \
-  --initial-advertise-peer-urls="http://127.0.0.1:$PEER_PORT" --initial-cluster="default=http://127.0.0.1:$PEER_PORT" \
-  --name=default >"$W/etcd.log" 2>&1 &
-plane+=($!)
-printf 'apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n' >"$W/audit.yaml"
-"$BERTH_TEST_KUBE_APISERVER" --etcd-servers="http://127.0.0.1:$ETCD_PORT" --bind-address=127.0.0.1 \
-  --secure-port="$API_PORT" --insecure-port=0 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
-  --service-cluster-ip-range=10.190.0.0/24 --client-ca-file="$P/ca.crt" --tls-cert-file="$P/apiserver.crt" \
-  --tls-private-key-file="$P/apiserver.key" --service-account-key-file="$P/sa.pub" \
-  --service-account-signing-key-file="$P/sa.key" --service-account-issuer=https://kubernetes.default.svc \
-  --api-audiences=https://kubernetes.default.svc --authorization-mode=Node,RBAC \
-  --enable-admission-plugins=NodeRestriction --audit-policy-file="$W/audit.yaml" \
-  --audit-log-path="$W/audit.log" --cert-dir="$W/apiserver-certs" >"$W/apiserver.log" 2>&1 &
-plane+=($!)
-for _ in $(seq 300); do [ "$(api /readyz 2>/dev/null)" = ok ] && break; sleep 0.2; done
-[ "$(api /readyz)" = ok ] || { echo "the API server did not start; see $W/apiserver.log" >&2; exit 1; }
-"$BERTH_TEST_KUBE_CONTROLLER_MANAGER" --kubeconfig="$W/admin.kubeconfig" --bind-address=127.0.0.1 --port=0 \
-  --secure-port=0 --leader-elect=false --service-account-private-key-file="$P/sa.key" \
-  --root-ca-file="$P/ca.crt" >"$W/controller-manager.log" 2>&1 &
-plane+=($!)
-for _ in $(seq 300); do
-  api "/api/v1/namespaces/$NS/secrets" | jq -e '.items[]? | select(.metadata.name | startswith("default-token"))' >/dev/null && break
-  sleep 0.2
-done
+plane_start
 
 # conflist DIR N: a bridge network of its own in DIR/net.d.
 conflist() {
@@ -114,8 +58,6 @@ conflist() {
    "ipam": {"type": "host-local", "dataDir": "$1/ipam", "ranges": [[{"subnet": "10.$((160 + $2)).$(( $$ % 250 + 1 )).0/24"}]]}}]}
 JSON
 }
-
-node_ready() { api "/api/v1/nodes/$1" 2>/dev/null | jq -r '.status.conditions[]? | select(.type=="Ready") | .status' 2>/dev/null || true; }
 
 # start_node KIND NET: berthd with its agent (KIND=berth) or berthd and the stock kubelet
 # (KIND=kubelet) as node NODE; sets node_pids (the node's daemons).
@@ -143,7 +85,8 @@ cgroup_root = "/$CG-$kind-$net"
 "imagefs.inodesFree" = "1%"
 TOML
     "$BERTHD" "${common[@]}" --config "$d/berth.toml" --kubeconfig "$d/node.kubeconfig" --node-name "$NODE" \
-      --node-ip 127.0.0.1 --manifest-dir "$d/manifests" --agent-address 127.0.0.1:0 >"$d/berthd.log" 2>&1 &
+      --node-ip 127.0.0.1 --manifest-dir "$d/manifests" --agent-address 127.0.0.1:0 \
+      --agent-server-address 127.0.0.1:0 --healthz-address "" >"$d/berthd.log" 2>&1 &
     daemons=($!)
     node_pids=($!)
   else

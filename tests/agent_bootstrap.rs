@@ -63,7 +63,7 @@ fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
 async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request() {
     let mut kubeconfig = None;
     let mut approver = None;
-    let n = AgentNode::start_with("", false, |cp, node| {
+    let n = AgentNode::start_with("", &plane, |cp, node| {
         cp.apply(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-{TOKEN_ID}\n  namespace: kube-system\ntype: bootstrap.kubernetes.io/token\nstringData:\n  token-id: {TOKEN_ID}\n  token-secret: {TOKEN_SECRET}\n  usage-bootstrap-authentication: \"true\"\n  auth-extra-groups: system:bootstrappers:berth\n"
         ));

@@ -821,7 +821,7 @@ async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_ku
 #[tokio::test]
 async fn an_admins_node_is_adopted_with_a_token_file_and_refused_credentials_are_named() {
     let mut admin_uid = String::new();
-    let n = AgentNode::start_with("", false, |cp, node| {
+    let n = AgentNode::start_with("", &Default::default(), |cp, node| {
         cp.apply(&format!(
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels: {{admin-made: \"yes\"}}\n"
         ));

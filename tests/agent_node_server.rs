@@ -20,11 +20,20 @@ use std::time::{Duration, Instant};
 
 use cluster_node::{AgentNode, service_account_token};
 use common::*;
+use kubelet_support::control_plane::PlaneOptions;
+
+/// A control plane whose API server verifies nodes' serving certificates.
+fn verifying() -> PlaneOptions {
+    PlaneOptions {
+        verify_kubelets: true,
+        ..Default::default()
+    }
+}
 
 /// A node whose server has a certificate from the cluster CA and takes the API server's client
 /// certificate.
 fn node() -> AgentNode {
-    AgentNode::start_with("", true, |cp, _| {
+    AgentNode::start_with("", &verifying(), |cp, _| {
         let (crt, key) = cp.issue("node-serving", "/CN=node-serving", Some("IP:127.0.0.1"));
         (
             cp.node_kubeconfig(),
@@ -238,6 +247,29 @@ async fn kubectl_logs_exec_attach_and_port_forward_reach_the_pods_through_the_no
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("/dev/pts/"), "{out}");
+
+    // A client that goes away mid-stream leaves no process behind in the container.
+    let mut held = kubectl(&n)
+        .args(["exec", "talker", "--", "sleep", "4242"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("exec sleep");
+    let sleeping = |n: &AgentNode| {
+        let (_, out, _) = run(kubectl(n).args(["exec", "talker", "--", "ps"]), b"");
+        out.lines().any(|l| l.ends_with("sleep 4242"))
+    };
+    n.cp.wait("the exec'd sleep running", Duration::from_secs(30), |_| {
+        sleeping(&n)
+    });
+    let _ = held.kill();
+    let _ = held.wait();
+    n.cp.wait(
+        "the exec'd sleep gone with its client",
+        Duration::from_secs(30),
+        |_| !sleeping(&n),
+    );
 
     // Attach: the running container's output.
     let attached = first_lines(kubectl(&n).args(["attach", "talker"]), 2, |l| {
@@ -482,12 +514,16 @@ async fn stats_match_the_cgroups_and_the_node_server_refuses_who_it_must() {
 /// the node once an operator approves the node's `kubelet-serving` CSR.
 #[tokio::test]
 async fn a_serving_certificate_from_the_cluster_is_served_once_approved() {
-    let n = AgentNode::start_with("rotate_server_certificates = true", true, |cp, _| {
-        (
-            cp.node_kubeconfig(),
-            vec!["--client-ca-file".into(), cp.ca().display().to_string()],
-        )
-    });
+    let n = AgentNode::start_with(
+        "rotate_server_certificates = true",
+        &verifying(),
+        |cp, _| {
+            (
+                cp.node_kubeconfig(),
+                vec!["--client-ca-file".into(), cp.ca().display().to_string()],
+            )
+        },
+    );
     let healthz = format!("/api/v1/nodes/{}/proxy/healthz", n.node);
     let (ok, _, err) = n.cp.kubectl(&["get", "--raw", &healthz]);
     assert!(!ok, "the self-made certificate was accepted");

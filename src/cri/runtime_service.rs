@@ -4,14 +4,14 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::events_service::EventSource;
 use super::stats_service::{self, StatsCollector};
 use super::{container_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
-use crate::runtime::container::{ContainerManager, ContainerState};
+use crate::runtime::container::{ContainerManager, ContainerRecord, ContainerState};
 use crate::runtime::events::EventKind;
 use crate::runtime::sandbox::{SandboxManager, SandboxRecord, SandboxState};
 
@@ -132,22 +132,46 @@ impl RuntimeApi {
     async fn pod_stats_list(
         &self,
         sandboxes: Vec<SandboxRecord>,
+        prune: bool,
     ) -> Result<Vec<cri::PodSandboxStats>, Status> {
         let all = self.containers.stored()?;
+        if prune {
+            let ids: HashSet<String> = all.iter().map(|c| c.id.clone()).collect();
+            self.stats.prune(Some(&ids), None);
+        }
         let stats = self.stats.clone();
         let snapshots = self.images.snapshotter();
         tokio::task::spawn_blocking(move || {
-            sandboxes
-                .iter()
-                .map(|s| {
-                    let mine: Vec<_> = all
-                        .iter()
-                        .filter(|c| c.sandbox_id == s.id && c.state != ContainerState::Creating)
-                        .cloned()
-                        .collect();
-                    stats.sandbox(s, &mine, &snapshots)
-                })
-                .collect::<Vec<_>>()
+            let mut by_sandbox: HashMap<&str, Vec<ContainerRecord>> = HashMap::new();
+            for c in all.iter().filter(|c| c.state != ContainerState::Creating) {
+                by_sandbox
+                    .entry(c.sandbox_id.as_str())
+                    .or_default()
+                    .push(c.clone());
+            }
+            let one = |s: &SandboxRecord| {
+                let mine = by_sandbox.get(s.id.as_str()).map_or(&[][..], Vec::as_slice);
+                stats.sandbox(s, mine, &snapshots)
+            };
+            // The cgroup and disk reads of many pods are spread over the machine's cores.
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(sandboxes.len().div_ceil(8))
+                .max(1);
+            if threads == 1 {
+                return sandboxes.iter().map(one).collect::<Vec<_>>();
+            }
+            let chunk = sandboxes.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let parts: Vec<_> = sandboxes
+                    .chunks(chunk)
+                    .map(|part| scope.spawn(|| part.iter().map(one).collect::<Vec<_>>()))
+                    .collect();
+                parts
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect::<Vec<_>>()
+            })
         })
         .await
         .map_err(|e| Status::internal(format!("pod sandbox stats: {e}")))
@@ -350,7 +374,7 @@ async fn pod_sandbox_stats(
     request: Request<cri::PodSandboxStatsRequest>,
 ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
     let rec = self.sandboxes.get(&request.get_ref().pod_sandbox_id)?;
-    let stats = self.pod_stats_list(vec![rec]).await?.into_iter().next();
+    let stats = self.pod_stats_list(vec![rec], false).await?.into_iter().next();
     Ok(Response::new(cri::PodSandboxStatsResponse { stats }))
 }
 
@@ -360,7 +384,8 @@ async fn list_pod_sandbox_stats(
 ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
     let filter = request.into_inner().filter;
     let all = self.sandboxes.list()?;
-    if filter.is_none() {
+    let prune = filter.is_none();
+    if prune {
         let ids: HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
         self.stats.prune(None, Some(&ids));
     }
@@ -375,7 +400,7 @@ async fn list_pod_sandbox_stats(
         .filter(|s| pod_filter.as_ref().is_none_or(|f| SandboxManager::matches(s, f)))
         .map(|s| SandboxRecord::clone(&s))
         .collect();
-    let stats = self.pod_stats_list(sandboxes).await?;
+    let stats = self.pod_stats_list(sandboxes, prune).await?;
     Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
 }
 

@@ -1,6 +1,6 @@
 //! CRI ContainerStats and PodSandboxStats messages from cgroup readings and snapshot usage.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use berth_snapshotter::Snapshotter;
@@ -25,6 +25,8 @@ fn u64v(value: u64) -> Option<cri::UInt64Value> {
 pub struct StatsCollector {
     layout: Layout,
     cpu: CpuSampler,
+    /// Each container's cgroup path, read once from its bundle's OCI spec (it never changes).
+    cgroups: std::sync::Mutex<HashMap<String, Option<String>>>,
 }
 
 impl Default for StatsCollector {
@@ -48,6 +50,7 @@ impl StatsCollector {
         Self {
             layout,
             cpu: CpuSampler::default(),
+            cgroups: Default::default(),
         }
     }
 
@@ -63,19 +66,42 @@ impl StatsCollector {
             Some(pod) => pods.is_none_or(|p| p.contains(pod)),
             None => containers.is_none_or(|c| c.contains(k)),
         });
+        if let Some(c) = containers {
+            self.cgroups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|k, _| c.contains(k));
+        }
     }
 
-    /// The cgroup path a container runs in (from its bundle's OCI spec).
-    fn container_cgroup(rec: &ContainerRecord) -> Option<String> {
-        container_update::read_spec(&rec.bundle)
+    /// The cgroup path a container runs in (from its bundle's OCI spec, read the first time).
+    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<String> {
+        if let Some(known) = self
+            .cgroups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&rec.id)
+        {
+            return known.clone();
+        }
+        let path = container_update::read_spec(&rec.bundle)
             .ok()
-            .and_then(|s| container_update::cgroups_path(&s))
+            .and_then(|s| container_update::cgroups_path(&s));
+        // Only a found path is kept: a spec not written yet is read again next time.
+        if path.is_some() {
+            self.cgroups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(rec.id.clone(), path.clone());
+        }
+        path
     }
 
     /// ContainerStats for one container; a missing cgroup reads as zeros.
     pub fn container(&self, rec: &ContainerRecord, snapshots: &Snapshotter) -> cri::ContainerStats {
         let now = crate::util::unix_nanos_now();
-        let stats = Self::container_cgroup(rec)
+        let stats = self
+            .container_cgroup(rec)
             .map(|p| cgroup_stats::read(&self.layout, &p))
             .unwrap_or_default();
         let config = rec.config();
@@ -125,7 +151,10 @@ impl StatsCollector {
             .iter()
             .map(|c| self.container(c, snapshots))
             .collect();
-        let cgroups: Vec<Option<String>> = containers.iter().map(Self::container_cgroup).collect();
+        let cgroups: Vec<Option<String>> = containers
+            .iter()
+            .map(|c| self.container_cgroup(c))
+            .collect();
         let pod = if sandbox.cgroup_parent.is_empty() {
             // No pod cgroup: the pod is the sum of its containers.
             let parts: Vec<CgroupStats> = cgroups

@@ -93,19 +93,22 @@ impl<W: Write> Printer<'_, W> {
         {
             return Ok(true);
         }
-        let mut text = Vec::with_capacity(rec.body.len() + 40);
         if self.opts.timestamps {
-            match rec.time() {
-                Some(t) => text.extend_from_slice(t.to_string().as_bytes()),
-                None => text.extend_from_slice(rec.time.as_bytes()),
+            let time = match rec.time() {
+                Some(t) => t.to_string(),
+                None => rec.time.to_string(),
+            };
+            if !self.write(time.as_bytes())? || !self.write(b" ")? {
+                return Ok(false);
             }
-            text.push(b' ');
         }
-        text.extend_from_slice(rec.body);
+        if !self.write(rec.body)? {
+            return Ok(false);
+        }
         if rec.full {
-            text.push(b'\n');
+            return self.write(b"\n");
         }
-        self.write(&text)
+        Ok(true)
     }
 
     fn write(&mut self, text: &[u8]) -> io::Result<bool> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::agent_support::{self, Agent};
 use crate::cni_support;
 use crate::common::*;
-use crate::kubelet_support::control_plane::ControlPlane;
+use crate::kubelet_support::control_plane::{ControlPlane, PlaneOptions};
 use k8s_cri::v1 as cri;
 
 /// A node of one Berth agent and its control plane.
@@ -31,12 +31,11 @@ impl AgentNode {
         })
     }
 
-    /// As [`AgentNode::start`] (with `verify_kubelets`, the API server checks the node server's
-    /// certificate), with `setup` run once the control plane is up: it returns the
+    /// As [`AgentNode::start`] on a control plane made with `plane`, with `setup` run once the control plane is up: it returns the
     /// kubeconfig the agent joins with and extra berthd flags.
     pub fn start_with(
         agent_toml: &str,
-        verify_kubelets: bool,
+        plane: &PlaneOptions,
         setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
     ) -> Self {
         let tag = TempDir::new("nodename").unique_name();
@@ -44,7 +43,7 @@ impl AgentNode {
         let net = cni_support::TestNet::new("agentnode");
         net.write("10-test.conflist", &net.standard());
         net.bridge_up();
-        let cp = ControlPlane::start_with(&node, verify_kubelets);
+        let cp = ControlPlane::start_with(&node, plane);
         let (kubeconfig, extra) = setup(&cp, &node);
         let mut args: Vec<String> = [
             "--kubeconfig",

@@ -69,6 +69,17 @@ fn issue(dir: &Path, name: &str, subject: &str, sans: Option<&str>) {
     );
 }
 
+/// How a control plane differs from the default one.
+#[derive(Debug, Clone, Default)]
+pub struct PlaneOptions {
+    /// The API server checks the nodes' serving certificates against the cluster CA
+    /// (`--kubelet-certificate-authority`).
+    pub verify_kubelets: bool,
+    /// How long the certificates the controller manager signs last (`--cluster-signing-duration`,
+    /// e.g. `90s`; default a year).
+    pub signing_duration: Option<&'static str>,
+}
+
 /// A running etcd + kube-apiserver + kube-controller-manager.
 pub struct ControlPlane {
     pub dir: TempDir,
@@ -83,12 +94,12 @@ impl ControlPlane {
     /// Starts everything and waits until the API server is ready and the default service
     /// account exists (pods can be created).
     pub fn start(node_name: &str) -> Self {
-        Self::start_with(node_name, false)
+        Self::start_with(node_name, &PlaneOptions::default())
     }
 
-    /// As [`ControlPlane::start`]; with `verify_kubelets` the API server checks the nodes'
-    /// serving certificates against the cluster CA (`--kubelet-certificate-authority`).
-    pub fn start_with(node_name: &str, verify_kubelets: bool) -> Self {
+    /// As [`ControlPlane::start`], with `opts`.
+    pub fn start_with(node_name: &str, opts: &PlaneOptions) -> Self {
+        let verify_kubelets = opts.verify_kubelets;
         let dir = TempDir::new("controlplane");
         let d = dir.path().to_path_buf();
         openssl(
@@ -224,6 +235,10 @@ impl ControlPlane {
                 .arg(format!("--root-ca-file={}", f("ca.crt")))
                 .arg(format!("--cluster-signing-cert-file={}", f("ca.crt")))
                 .arg(format!("--cluster-signing-key-file={}", f("ca.key")))
+                .args(
+                    opts.signing_duration
+                        .map(|d| format!("--cluster-signing-duration={d}")),
+                )
                 .arg("--node-monitor-grace-period=20s")
                 .arg("--node-monitor-period=2s"),
         );

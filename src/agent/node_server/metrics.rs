@@ -180,7 +180,7 @@ pub fn resource(s: &Summary) -> String {
 }
 
 /// The agent's own gauges, named as the kubelet's.
-pub async fn agent(ctx: &AgentContext) -> String {
+pub fn agent(ctx: &AgentContext) -> String {
     let pods = ctx.pods.list();
     let running_containers: usize = pods
         .iter()

@@ -446,7 +446,7 @@ impl NodeServer {
                 let summary = self.stats.summary(true).await?;
                 Ok(plain(StatusCode::OK, metrics::resource(&summary)))
             }
-            ["metrics"] if get => Ok(plain(StatusCode::OK, metrics::agent(&self.ctx).await)),
+            ["metrics"] if get => Ok(plain(StatusCode::OK, metrics::agent(&self.ctx))),
             _ if !get && known_get_path(&parts) => Err(ServeError {
                 status: StatusCode::METHOD_NOT_ALLOWED,
                 message: format!("{method} is not allowed on {path}"),

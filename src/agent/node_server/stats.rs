@@ -176,6 +176,7 @@ type PodDisk = (usize, Vec<(String, (u64, u64))>, Vec<(String, (u64, u64))>);
 /// Collects summaries; remembers CPU samples so each has a usage rate.
 pub struct Collector {
     ctx: Arc<AgentContext>,
+    disk: Arc<DiskCache>,
     layout: Option<Layout>,
     cpu: CpuSampler,
     boot_time: String,
@@ -303,6 +304,7 @@ impl Collector {
     pub fn new(ctx: Arc<AgentContext>) -> Self {
         Self {
             ctx,
+            disk: Arc::default(),
             layout: Layout::detect().ok(),
             cpu: CpuSampler::default(),
             boot_time: boot_time(),
@@ -343,28 +345,29 @@ impl Collector {
 
     /// The summary now; `only_cpu_and_memory` leaves out network, disks and volumes.
     pub async fn summary(&self, only_cpu_and_memory: bool) -> Result<Summary, ServeError> {
-        let stats = self
-            .ctx
-            .client
-            .runtime()
-            .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
-            .await
+        // The two runtime calls go out together.
+        let mut runtime = self.ctx.client.runtime();
+        let mut images = self.ctx.client.images();
+        let (stats, image_fs) = tokio::join!(
+            runtime.list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None }),
+            async {
+                if only_cpu_and_memory {
+                    None
+                } else {
+                    images
+                        .image_fs_info(cri::ImageFsInfoRequest {})
+                        .await
+                        .ok()
+                        .and_then(|r| r.into_inner().image_filesystems.into_iter().next())
+                }
+            }
+        );
+        let stats = stats
             .map_err(|e| {
                 ServeError::unavailable(format!("runtime: ListPodSandboxStats: {}", e.message()))
             })?
             .into_inner()
             .stats;
-        let image_fs = if only_cpu_and_memory {
-            None
-        } else {
-            self.ctx
-                .client
-                .images()
-                .image_fs_info(cri::ImageFsInfoRequest {})
-                .await
-                .ok()
-                .and_then(|r| r.into_inner().image_filesystems.into_iter().next())
-        };
         let pods = self.ctx.pods.list();
         let by_uid: HashMap<String, &k8s_openapi::api::core::v1::Pod> = pods
             .iter()
@@ -489,10 +492,17 @@ impl Collector {
             )
         });
         let t = time.clone();
+        let cache = self.disk.clone();
         let disk = tokio::task::spawn_blocking(move || {
             let per_pod: Vec<PodDisk> = disk_jobs
                 .into_iter()
-                .map(|(i, logs, volumes)| (i, dir_usages(&logs, 1), dir_usages(&volumes, 2)))
+                .map(|(i, logs, volumes)| {
+                    (
+                        i,
+                        dir_usages(&logs, 1, &cache),
+                        dir_usages(&volumes, 2, &cache),
+                    )
+                })
                 .collect();
             let node_fs = fs_stats(&pods_dir).map(|s| FsStats {
                 time: t.clone(),
@@ -607,7 +617,7 @@ fn rlimit(time: &str) -> Option<RlimitStats> {
 
 /// Bytes and inodes of each directory `depth` levels below `root` (1: its entries; 2: the
 /// entries of its entries, as `volumes/<plugin>/<name>`), by the last name.
-fn dir_usages(root: &Path, depth: usize) -> Vec<(String, (u64, u64))> {
+fn dir_usages(root: &Path, depth: usize, cache: &DiskCache) -> Vec<(String, (u64, u64))> {
     let mut level = vec![root.to_path_buf()];
     for _ in 0..depth {
         level = level
@@ -622,7 +632,34 @@ fn dir_usages(root: &Path, depth: usize) -> Vec<(String, (u64, u64))> {
         .into_iter()
         .filter_map(|d| {
             let name = d.file_name()?.to_string_lossy().into_owned();
-            Some((name, crate::util::disk_usage(&d)))
+            let used = cache.usage(&d);
+            Some((name, used))
         })
         .collect()
+}
+
+/// How long a directory's measured size is reused (the kubelet measures disks about once a
+/// minute; walking every pod's logs and volumes on each request would cost far more).
+const DISK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Directory sizes measured recently.
+#[derive(Default)]
+struct DiskCache(std::sync::Mutex<HashMap<PathBuf, (std::time::Instant, (u64, u64))>>);
+
+impl DiskCache {
+    /// Bytes and inodes under `dir`, measured at most [`DISK_TTL`] ago.
+    fn usage(&self, dir: &Path) -> (u64, u64) {
+        let now = std::time::Instant::now();
+        if let Some((at, used)) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(dir)
+            && now.duration_since(*at) < DISK_TTL
+        {
+            return *used;
+        }
+        let used = crate::util::disk_usage(dir);
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Directories of pods that are gone fall out.
+        map.retain(|_, (at, _)| now.duration_since(*at) < DISK_TTL * 6);
+        map.insert(dir.to_path_buf(), (now, used));
+        used
+    }
 }
