@@ -644,7 +644,10 @@ const DISK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Directory sizes measured recently.
 #[derive(Default)]
-struct DiskCache(std::sync::Mutex<HashMap<PathBuf, (std::time::Instant, (u64, u64))>>);
+struct DiskCache(std::sync::Mutex<HashMap<PathBuf, Measured>>);
+
+/// When a directory was measured, and its bytes and inodes.
+type Measured = (std::time::Instant, (u64, u64));
 
 impl DiskCache {
     /// Bytes and inodes under `dir`, measured at most [`DISK_TTL`] ago.
