@@ -98,6 +98,8 @@ readOnlyPort: 0
 healthzPort: 0
 makeIPTablesUtilChains: false
 serializeImagePulls: false
+# Rotation at the default 10 Mi would leave kubectl logs only the last file of the 100 MiB.
+containerLogMaxSize: 200Mi
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $P/ca.crt}}
 authorization: {mode: AlwaysAllow}

@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_node::{AgentNode, user_kubeconfig};
+use kubelet_support::control_plane::PlaneOptions;
 
 const TOKEN_ID: &str = "b3rth0";
 const TOKEN_SECRET: &str = "0123456789abcdef";
@@ -59,14 +60,44 @@ fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Names of the CSRs `user` made.
+fn bootstrap_csrs_by(admin: &std::path::Path, user: &str) -> Vec<String> {
+    let text = kubectl(admin, &["get", "csr", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|c| c["spec"]["username"] == user)
+                .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[tokio::test]
-async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request() {
+async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request_and_renews_its_certificate() {
+    // Certificates of 7 minutes: the signer backdates them by 5 minutes, so one is good for 2
+    // minutes after it is issued, and due for renewal (at 80 % of its life) 36 s after.
+    let plane = PlaneOptions {
+        signing_duration: Some("7m"),
+        ..Default::default()
+    };
     let mut kubeconfig = None;
     let mut approver = None;
     let n = AgentNode::start_with("", &plane, |cp, node| {
         cp.apply(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-{TOKEN_ID}\n  namespace: kube-system\ntype: bootstrap.kubernetes.io/token\nstringData:\n  token-id: {TOKEN_ID}\n  token-secret: {TOKEN_SECRET}\n  usage-bootstrap-authentication: \"true\"\n  auth-extra-groups: system:bootstrappers:berth\n"
         ));
+        // Nodes may renew their own client certificates.
+        cp.kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            "berth-nodes-renew",
+            "--clusterrole=system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "--group=system:nodes",
+        ]);
         // Bootstrappers may ask for certificates; approval comes later in the test.
         cp.kubectl_ok(&[
             "create",
@@ -117,6 +148,7 @@ async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request() {
             ],
         )
     });
+    let joined = Instant::now();
     let (denied, kubeconfig_after_denial) =
         approver.expect("approver").join().expect("approver thread");
     assert!(
@@ -147,5 +179,24 @@ async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
     assert_eq!(mode & 0o077, 0, "kubeconfig mode {mode:o}");
+
+    // Renewal: a new certificate before the first expires, and the node goes on working with
+    // it once the first has expired.
+    n.cp.wait(
+        "the client certificate renewed",
+        Duration::from_secs(90),
+        |_| n.agent.daemon.log().contains("client certificate renewed"),
+    );
+    let renewals = bootstrap_csrs_by(&n.cp.admin, &n.user());
+    assert!(!renewals.is_empty(), "no renewal CSR from {}", n.user());
+    // Past the first certificate's end (2 min after it was issued, just before `joined`).
+    let first_expired = joined + Duration::from_secs(125);
+    std::thread::sleep(first_expired.saturating_duration_since(Instant::now()));
+    let before = n.cp.audited(&n.user(), "update", "leases").len();
+    n.cp.wait(
+        "lease renewals after the first certificate expired",
+        Duration::from_secs(30),
+        |cp| cp.audited(&n.user(), "update", "leases").len() > before + 1,
+    );
     n.agent.finish().await;
 }

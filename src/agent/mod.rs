@@ -223,6 +223,7 @@ pub async fn start(
                     cluster.clone(),
                     kubeconfig,
                     cert_dir,
+                    cfg.bootstrap_kubeconfig.clone(),
                 ));
             }
             tokio::spawn(async move {

@@ -26,13 +26,14 @@ impl AgentNode {
     /// The control plane, then berthd with its agent joining it; `agent_toml` adds `[agent]`
     /// settings.
     pub fn start(agent_toml: &str) -> Self {
-        Self::start_with(agent_toml, false, |cp, _| {
+        Self::start_with(agent_toml, &PlaneOptions::default(), |cp, _| {
             (cp.node_kubeconfig(), Vec::new())
         })
     }
 
-    /// As [`AgentNode::start`] on a control plane made with `plane`, with `setup` run once the control plane is up: it returns the
-    /// kubeconfig the agent joins with and extra berthd flags.
+    /// As [`AgentNode::start`] on a control plane made with `plane`, with `setup` run once the
+    /// control plane is up: it returns the kubeconfig the agent joins with and extra berthd
+    /// flags.
     pub fn start_with(
         agent_toml: &str,
         plane: &PlaneOptions,

@@ -168,8 +168,15 @@ fn bootstrap_cluster(path: &Path) -> Result<kube::config::Cluster, BootstrapErro
 }
 
 /// Renews the node's client certificate at 80 % of its life, for as long as the kubeconfig at
-/// `kubeconfig` uses the credentials in `cert_dir` (those the bootstrap wrote).
-pub async fn rotate(cluster: Arc<Cluster>, kubeconfig: PathBuf, cert_dir: PathBuf) {
+/// `kubeconfig` uses the credentials in `cert_dir` (those the bootstrap wrote). A certificate
+/// that has already expired (the node was off too long) is renewed with the bootstrap
+/// kubeconfig, when there is one, as the kubelet does.
+pub async fn rotate(
+    cluster: Arc<Cluster>,
+    kubeconfig: PathBuf,
+    cert_dir: PathBuf,
+    bootstrap: Option<PathBuf>,
+) {
     let (crt, _) = current_files(&cert_dir);
     loop {
         let pem = match tokio::fs::read_to_string(&crt).await {
@@ -188,7 +195,20 @@ pub async fn rotate(cluster: Arc<Cluster>, kubeconfig: PathBuf, cert_dir: PathBu
             .unwrap_or_default();
         tracing::info!(renew_in = ?wait, "client certificate rotation scheduled");
         tokio::time::sleep(wait).await;
-        let issued = obtain(&cluster.client(), &cluster.node_name).await;
+        let client = match (&bootstrap, csr::expired(&pem)) {
+            (Some(b), true) => match Cluster::client_from(b).await {
+                Ok(c) => {
+                    tracing::warn!(bootstrap = %b.display(), "the node's client certificate has expired: renewing it with the bootstrap kubeconfig");
+                    c
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the node's client certificate has expired and the bootstrap kubeconfig is unusable");
+                    cluster.client()
+                }
+            },
+            _ => cluster.client(),
+        };
+        let issued = obtain(&client, &cluster.node_name).await;
         if let Err(e) = install(&cert_dir, &issued) {
             tracing::error!(error = %e, "client certificate rotation: the new certificate could not be stored");
             tokio::time::sleep(Duration::from_secs(60)).await;

@@ -194,6 +194,18 @@ pub fn store(dir: &Path, prefix: &str, issued: &Issued) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether a certificate's validity has ended (true if it does not parse).
+pub fn expired(cert_pem: &str) -> bool {
+    let Ok(der) = rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()) else {
+        return true;
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else {
+        return true;
+    };
+    let now = crate::util::unix_now();
+    cert.validity().not_after.timestamp() <= now
+}
+
 /// When a certificate should be renewed: at 80 % of its life (None if it does not parse).
 pub fn renew_at(cert_pem: &str) -> Option<std::time::SystemTime> {
     let der = rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).ok()?;

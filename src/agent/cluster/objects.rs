@@ -105,12 +105,10 @@ async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<
     let what = format!("{} {ns}/{name}", kind.name());
     match kind {
         Kind::ConfigMap => {
-            let api = Api::<ConfigMap>::namespaced(cluster.client(), &ns);
-            follow_one(&cluster, &api, &name, &what, &tx, config_map_keys).await;
+            follow_one::<ConfigMap>(&cluster, &ns, &name, &what, &tx, config_map_keys).await;
         }
         Kind::Secret => {
-            let api = Api::<Secret>::namespaced(cluster.client(), &ns);
-            follow_one(&cluster, &api, &name, &what, &tx, secret_keys).await;
+            follow_one::<Secret>(&cluster, &ns, &name, &what, &tx, secret_keys).await;
         }
     }
 }
@@ -118,17 +116,22 @@ async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<
 /// [`follow`] for one kind of object.
 async fn follow_one<K>(
     cluster: &Cluster,
-    api: &Api<K>,
+    ns: &str,
     name: &str,
     what: &str,
     tx: &watch::Sender<Option<Keys>>,
     keys_of: fn(K) -> BTreeMap<String, Vec<u8>>,
 ) where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
     let selector = format!("metadata.name={name}");
     let mut failures = 0u32;
     loop {
+        // The client of the moment (renewed credentials), for the list and each watch.
+        let api = Api::<K>::namespaced(cluster.client(), ns);
         let mut rv = match api.list(&ListParams::default().fields(&selector)).await {
             Ok(l) => {
                 failures = 0;
@@ -145,7 +148,8 @@ async fn follow_one<K>(
         // Watch until the version is gone (then list again).
         let params = WatchParams::default().fields(&selector).timeout(290);
         loop {
-            match watch_one(api, &params, &mut rv, tx, keys_of).await {
+            let api = Api::<K>::namespaced(cluster.client(), ns);
+            match watch_one(&api, &params, &mut rv, tx, keys_of).await {
                 Ok(true) => break,
                 Ok(false) => failures = 0,
                 Err(e) => {

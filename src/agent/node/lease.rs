@@ -18,10 +18,11 @@ pub const NAMESPACE: &str = "kube-node-lease";
 
 /// Renews the node's Lease forever, counting renewals in `renewals`.
 pub async fn run(cluster: Arc<Cluster>, duration: Duration, renewals: Arc<AtomicU64>) {
-    let api: Api<Lease> = Api::namespaced(cluster.client(), NAMESPACE);
     let mut latest: Option<Lease> = None;
     let mut failures = 0u32;
     loop {
+        // The client of the moment: renewed credentials take effect at the next renewal.
+        let api: Api<Lease> = Api::namespaced(cluster.client(), NAMESPACE);
         match renew(&api, &cluster, duration, latest.take()).await {
             Ok(lease) => {
                 latest = Some(lease);

@@ -22,7 +22,6 @@ const WATCH_SECS: u32 = 290;
 
 /// Lists and watches this node's pods forever.
 pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
-    let api: Api<Pod> = Api::all(cluster.client());
     let selector = format!("spec.nodeName={}", cluster.node_name);
     let mut failures = 0u32;
     // Pods are admitted against the registered Node: none before it is.
@@ -30,6 +29,8 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     loop {
+        // The client of the moment (renewed credentials), for the list and each watch.
+        let api: Api<Pod> = Api::all(cluster.client());
         let list = match api.list(&ListParams::default().fields(&selector)).await {
             Ok(l) => l,
             Err(e) => {
@@ -55,6 +56,7 @@ pub async fn run(cluster: Arc<Cluster>, pods: Arc<PodManager>) {
                 .fields(&selector)
                 .timeout(WATCH_SECS)
                 .disable_bookmarks();
+            let api: Api<Pod> = Api::all(cluster.client());
             let stream = match api.watch(&params, &rv).await {
                 Ok(s) => s,
                 Err(e) if cluster::status_code(&e) == Some(410) => break,
