@@ -28,15 +28,7 @@ KUBECTL=$BERTH_TEST_KUBECTL
 CNI_BIN=/usr/lib/cni
 NS=default
 plane=()
-cleanup() {
-  set +e
-  stop_run
-  for p in "${plane[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${plane[@]}"; do wait "$p" 2>/dev/null; done
-  for b in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E "^bn$$[0-9]$"); do ip link del "$b" 2>/dev/null; done
-  rm -rf /var/log/pods/"$NS"_bench-"$$"-* /var/log/containers/bench-"$$"-*
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
-}
+cleanup() { plane_cleanup bn; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

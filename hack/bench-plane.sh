@@ -77,3 +77,15 @@ plane_start() {
     sleep 0.2
   done
 }
+
+# plane_cleanup BRIDGE_PREFIX: what a cluster benchmark leaves at exit: the run (stop_run), the
+# control plane, its bridges (BRIDGE_PREFIX$$N), its pods' logs, and $W unless KEEP=1.
+plane_cleanup() {
+  set +e
+  stop_run
+  for p in "${plane[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${plane[@]}"; do wait "$p" 2>/dev/null; done
+  for b in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E "^$1$$[0-9]$"); do ip link del "$b" 2>/dev/null; done
+  rm -rf /var/log/pods/"$NS"_bench-"$$"-* /var/log/containers/bench-"$$"-*
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
+}

@@ -31,8 +31,8 @@ fn kubectl(admin: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// CSRs of the bootstrap token's user: (name, conditions).
-fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
+/// CSRs made by `user`: (name, conditions).
+fn csrs_by(admin: &std::path::Path, user: &str) -> Vec<(String, String)> {
     let text = kubectl(admin, &["get", "csr", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     v["items"]
@@ -40,7 +40,7 @@ fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
         .map(|items| {
             items
                 .iter()
-                .filter(|c| c["spec"]["username"] == format!("system:bootstrap:{TOKEN_ID}"))
+                .filter(|c| c["spec"]["username"] == user)
                 .map(|c| {
                     let conditions: Vec<String> = c["status"]["conditions"]
                         .as_array()
@@ -60,20 +60,9 @@ fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Names of the CSRs `user` made.
-fn bootstrap_csrs_by(admin: &std::path::Path, user: &str) -> Vec<String> {
-    let text = kubectl(admin, &["get", "csr", "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter(|c| c["spec"]["username"] == user)
-                .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+/// CSRs of the bootstrap token's user.
+fn bootstrap_csrs(admin: &std::path::Path) -> Vec<(String, String)> {
+    csrs_by(admin, &format!("system:bootstrap:{TOKEN_ID}"))
 }
 
 #[tokio::test]
@@ -187,7 +176,7 @@ async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request_and_renews_i
         Duration::from_secs(90),
         |_| n.agent.daemon.log().contains("client certificate renewed"),
     );
-    let renewals = bootstrap_csrs_by(&n.cp.admin, &n.user());
+    let renewals = csrs_by(&n.cp.admin, &n.user());
     assert!(!renewals.is_empty(), "no renewal CSR from {}", n.user());
     // Past the first certificate's end (2 min after it was issued, just before `joined`).
     let first_expired = joined + Duration::from_secs(125);

@@ -459,24 +459,25 @@ impl Collector {
                     .map(|process_count| ProcessStats { process_count }),
             });
         }
+        let mut node = NodeStats {
+            node_name: self.ctx.node.name.clone(),
+            system_containers: vec![system_container(
+                "pods",
+                pods_cpu,
+                pods_memory,
+                &self.boot_time,
+            )],
+            start_time: self.boot_time.clone(),
+            cpu,
+            memory,
+            network: None,
+            fs: None,
+            runtime: None,
+            rlimit: None,
+        };
         if only_cpu_and_memory {
             return Ok(Summary {
-                node: NodeStats {
-                    node_name: self.ctx.node.name.clone(),
-                    system_containers: vec![system_container(
-                        "pods",
-                        pods_cpu,
-                        pods_memory,
-                        &self.boot_time,
-                    )],
-                    start_time: self.boot_time.clone(),
-                    cpu,
-                    memory,
-                    network: None,
-                    fs: None,
-                    runtime: None,
-                    rlimit: None,
-                },
+                node,
                 pods: out_pods,
             });
         }
@@ -560,23 +561,12 @@ impl Collector {
             }
             p.ephemeral_storage = Some(fs_on(&self.ctx.pods_dir, ephemeral, &time));
         }
+        node.network = network;
+        node.fs = node_fs;
+        node.runtime = image.map(|image_fs| RuntimeStats { image_fs });
+        node.rlimit = rlimit;
         Ok(Summary {
-            node: NodeStats {
-                node_name: self.ctx.node.name.clone(),
-                system_containers: vec![system_container(
-                    "pods",
-                    pods_cpu,
-                    pods_memory,
-                    &self.boot_time,
-                )],
-                start_time: self.boot_time.clone(),
-                cpu,
-                memory,
-                network,
-                fs: node_fs,
-                runtime: image.map(|image_fs| RuntimeStats { image_fs }),
-                rlimit,
-            },
+            node,
             pods: out_pods,
         })
     }
