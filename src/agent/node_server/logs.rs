@@ -261,8 +261,17 @@ impl Write for ChannelWriter {
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        // A follower waiting on a quiet log flushes nothing; it still learns here that the
+        // client hung up, so its thread ends instead of waiting for the container to end.
         if self.buf.is_empty() {
-            return Ok(());
+            return if self.tx.is_closed() {
+                Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the client went away",
+                ))
+            } else {
+                Ok(())
+            };
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
         self.tx
@@ -274,6 +283,19 @@ impl Write for ChannelWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writer_fails_once_the_client_is_gone_even_with_nothing_to_send() {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut w = ChannelWriter {
+            tx,
+            buf: Vec::new(),
+        };
+        assert!(w.flush().is_ok(), "the client is still there");
+        drop(rx);
+        let e = w.flush().expect_err("the client went away");
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
 
     #[test]
     fn options_are_read_and_checked_as_the_kubelets() {

@@ -324,12 +324,7 @@ impl NodeServer {
             return Ok(plain(StatusCode::FORBIDDEN, why));
         }
         let query = req.uri().query().unwrap_or("").to_string();
-        let parts: Vec<String> = path
-            .split('/')
-            .filter(|p| !p.is_empty())
-            .map(str::to_string)
-            .collect();
-        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         let method = req.method().clone();
         let get = method == Method::GET || method == Method::HEAD;
         match parts.as_slice() {
