@@ -29,26 +29,31 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
         return (0, 0);
     };
     let mut seen = HashSet::new();
-    let mut bytes = 0u64;
-    let mut stack = vec![dir.to_owned()];
+    seen.insert((root.dev(), root.ino()));
+    let mut bytes = root.blocks() * 512;
+    let mut stack = if root.is_dir() {
+        vec![dir.to_owned()]
+    } else {
+        Vec::new()
+    };
     while let Some(d) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&d) else {
-            continue;
-        };
-        if meta.dev() != root.dev() {
-            continue;
-        }
-        if seen.insert((meta.dev(), meta.ino())) {
-            bytes += meta.blocks() * 512;
-        }
-        if !meta.is_dir() {
-            continue;
-        }
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
         for e in entries.flatten() {
-            stack.push(e.path());
+            // Stat relative to the open directory: no walk of the whole path per entry.
+            let Ok(meta) = e.metadata() else {
+                continue;
+            };
+            if meta.dev() != root.dev() {
+                continue;
+            }
+            if seen.insert((meta.dev(), meta.ino())) {
+                bytes += meta.blocks() * 512;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
         }
     }
     (bytes, seen.len() as u64)

@@ -32,11 +32,11 @@ pub(crate) fn disk_usage(key: &str, dir: &Path) -> Result<Usage> {
     while let Some(current) = pending.pop() {
         for entry in std::fs::read_dir(&current).io(context, &current)? {
             let entry = entry.io(context, &current)?;
-            let path = entry.path();
-            let meta = path.symlink_metadata().io(context, &path)?;
+            // Stat relative to the open directory: no walk of the whole path per entry.
+            let meta = entry.metadata().io(context, &entry.path())?;
             count(&meta);
             if meta.is_dir() && meta.dev() == root.dev() {
-                pending.push(path);
+                pending.push(entry.path());
             }
         }
     }

@@ -159,7 +159,11 @@ impl ImageService for ImageApi {
         &self,
         _request: Request<cri::ImageFsInfoRequest>,
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
-        let usage = self.images.fs_usage();
+        // A walk of the image directories when the last one is too old: off the async workers.
+        let images = self.images.clone();
+        let usage = tokio::task::spawn_blocking(move || images.fs_usage())
+            .await
+            .map_err(|e| Status::internal(format!("measuring the image filesystem: {e}")))?;
         let root = self.images.snapshotter().root().display().to_string();
         let fs = cri::FilesystemUsage {
             timestamp: crate::util::unix_nanos_now(),

@@ -3,11 +3,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use berth_snapshotter::Snapshotter;
+use berth_snapshotter::{Snapshotter, Usage};
 use k8s_cri::v1 as cri;
 
 use crate::metrics::cgroup_stats::{self, CgroupStats};
-use crate::metrics::{CpuSampler, MemoryStats};
+use crate::metrics::{CpuSampler, DiskCache, MemoryStats};
 use crate::runtime::cgroups::Layout;
 use crate::runtime::container::{ContainerRecord, ContainerState};
 use crate::runtime::container_update;
@@ -27,6 +27,8 @@ pub struct StatsCollector {
     cpu: CpuSampler,
     /// Each container's cgroup path, read once from its bundle's OCI spec (it never changes).
     cgroups: std::sync::Mutex<HashMap<String, Option<String>>>,
+    /// Writable layers' usage by snapshot: measured at most every 10 s, as containerd does.
+    layers: DiskCache<String, Option<Usage>>,
 }
 
 impl Default for StatsCollector {
@@ -51,6 +53,7 @@ impl StatsCollector {
             layout,
             cpu: CpuSampler::default(),
             cgroups: Default::default(),
+            layers: DiskCache::default(),
         }
     }
 
@@ -102,9 +105,9 @@ impl StatsCollector {
         let now = crate::util::unix_nanos_now();
         let stats = self
             .container_cgroup(rec)
-            .map(|p| cgroup_stats::read(&self.layout, &p))
+            .map(|p| cgroup_stats::read_cpu_memory(&self.layout, &p))
             .unwrap_or_default();
-        let config = rec.config();
+        let config = rec.config_ref();
         let since = if rec.state == ContainerState::Running {
             rec.started_at
         } else {
@@ -113,9 +116,9 @@ impl StatsCollector {
         cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
                 id: rec.id.clone(),
-                metadata: config.metadata,
-                labels: config.labels,
-                annotations: config.annotations,
+                metadata: config.metadata.clone(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
             }),
             cpu: Some(self.cpu_usage(&rec.id, now, &stats, since)),
             memory: Some(memory_usage(now, stats.memory.as_ref())),
@@ -124,7 +127,7 @@ impl StatsCollector {
                 swap_available_bytes: s.available_bytes().and_then(u64v),
                 swap_usage_bytes: u64v(s.usage_bytes),
             }),
-            writable_layer: writable_layer(now, rec, snapshots),
+            writable_layer: self.writable_layer(now, rec, snapshots),
         }
     }
 
@@ -167,7 +170,7 @@ impl StatsCollector {
             cgroup_stats::read(&self.layout, &sandbox.cgroup_parent)
         };
         let key = format!("{POD_KEY}{}", sandbox.id);
-        let config = sandbox.config();
+        let config = sandbox.config_ref();
         let network = if sandbox.net_ns.is_some() {
             containers
                 .iter()
@@ -182,9 +185,9 @@ impl StatsCollector {
         cri::PodSandboxStats {
             attributes: Some(cri::PodSandboxAttributes {
                 id: sandbox.id.clone(),
-                metadata: config.metadata,
-                labels: config.labels,
-                annotations: config.annotations,
+                metadata: config.metadata.clone(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
             }),
             linux: Some(cri::LinuxPodSandboxStats {
                 cpu: Some(self.cpu_usage(&key, now, &pod, sandbox.created_at)),
@@ -198,6 +201,35 @@ impl StatsCollector {
             }),
             windows: None,
         }
+    }
+
+    /// The container's writable layer (its snapshot's usage, measured at most every
+    /// [`DISK_TTL`](crate::metrics::disk_cache::DISK_TTL)).
+    fn writable_layer(
+        &self,
+        now: i64,
+        rec: &ContainerRecord,
+        snapshots: &Snapshotter,
+    ) -> Option<cri::FilesystemUsage> {
+        if rec.snapshot.is_empty() {
+            return None;
+        }
+        let usage = self.layers.usage(&rec.snapshot, || {
+            snapshots
+                .usage(&rec.snapshot)
+                .map_err(
+                    |e| tracing::debug!(container = %rec.id, error = %e, "writable layer usage"),
+                )
+                .ok()
+        })?;
+        Some(cri::FilesystemUsage {
+            timestamp: now,
+            fs_id: Some(cri::FilesystemIdentifier {
+                mountpoint: snapshots.root().display().to_string(),
+            }),
+            used_bytes: u64v(usage.bytes),
+            inodes_used: u64v(usage.inodes),
+        })
     }
 
     /// A process of the cgroup `cgroup_path` (or below it), if any runs.
@@ -220,31 +252,6 @@ fn memory_usage(now: i64, m: Option<&MemoryStats>) -> cri::MemoryUsage {
         page_faults: u64v(m.page_faults),
         major_page_faults: u64v(m.major_page_faults),
     }
-}
-
-fn writable_layer(
-    now: i64,
-    rec: &ContainerRecord,
-    snapshots: &Snapshotter,
-) -> Option<cri::FilesystemUsage> {
-    if rec.snapshot.is_empty() {
-        return None;
-    }
-    let usage = match snapshots.usage(&rec.snapshot) {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::debug!(container = %rec.id, error = %e, "writable layer usage");
-            return None;
-        }
-    };
-    Some(cri::FilesystemUsage {
-        timestamp: now,
-        fs_id: Some(cri::FilesystemIdentifier {
-            mountpoint: snapshots.root().display().to_string(),
-        }),
-        used_bytes: u64v(usage.bytes),
-        inodes_used: u64v(usage.inodes),
-    })
 }
 
 /// The sum of several cgroups' readings (limits are not summed: a sum has none).
@@ -332,7 +339,7 @@ pub fn container_matches(
     if f.label_selector.is_empty() {
         return true;
     }
-    let labels = rec.config().labels;
+    let labels = &rec.config_ref().labels;
     f.label_selector
         .iter()
         .all(|(k, v)| labels.get(k) == Some(v))

@@ -22,6 +22,7 @@ use super::pull::EXTRACT_PREFIX;
 use super::reference::ImageRef;
 use super::registry::{Clients, Credentials};
 use crate::config::Config;
+use crate::metrics::DiskCache;
 use crate::store::{ImageRecord, Store};
 
 type SharedPull = Shared<BoxFuture<'static, Result<ImageRecord, Arc<ImageError>>>>;
@@ -37,6 +38,8 @@ pub(super) struct Inner {
     /// Pulls hold it shared; garbage collection holds it exclusively.
     pub(super) gc_lock: RwLock<()>,
     inflight: Mutex<HashMap<String, (SharedPull, Arc<PullProgress>)>>,
+    /// The last walk of the snapshot and content directories (cleared by pulls and removals).
+    fs_usage: DiskCache<()>,
 }
 
 /// Pulls images and answers questions about them.
@@ -143,6 +146,7 @@ impl ImageManager {
             downloads: Semaphore::new(config.registry.max_concurrent_downloads.max(1)),
             gc_lock: RwLock::new(()),
             inflight: Mutex::new(HashMap::new()),
+            fs_usage: DiskCache::default(),
         };
         let manager = Self {
             inner: Arc::new(inner),
@@ -210,6 +214,7 @@ impl ImageManager {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .remove(&key2);
+                        inner.fs_usage.clear();
                         crate::util::release_free_memory();
                         result
                     }
@@ -411,17 +416,20 @@ impl ImageManager {
                     .map_err(|e| ImageError::internal("removing blob", e))?;
             }
         }
+        self.inner.fs_usage.clear();
         Ok(())
     }
 
-    /// Bytes and inodes used by image layers and content.
+    /// Bytes and inodes used by image layers (and containers' writable layers) and content,
+    /// measured at most every [`crate::metrics::disk_cache::DISK_TTL`] and after each pull or
+    /// removal.
     pub fn fs_usage(&self) -> ImageFsUsage {
-        let (sb, si) = crate::util::disk_usage(self.inner.snapshots.root());
-        let (cb, ci) = self.inner.content.usage();
-        ImageFsUsage {
-            bytes: sb + cb,
-            inodes: si + ci,
-        }
+        let (bytes, inodes) = self.inner.fs_usage.usage(&(), || {
+            let (sb, si) = crate::util::disk_usage(self.inner.snapshots.root());
+            let (cb, ci) = self.inner.content.usage();
+            (sb + cb, si + ci)
+        });
+        ImageFsUsage { bytes, inodes }
     }
 }
 

@@ -77,76 +77,123 @@ pub fn controller_dir(layout: &Layout, controller: &str, cgroup_path: &str) -> O
 
 /// Reads every statistic Berth reports for `cgroup_path`.
 pub fn read(layout: &Layout, cgroup_path: &str) -> CgroupStats {
+    read_with(layout, cgroup_path, true)
+}
+
+/// CPU, memory and swap of `cgroup_path`, without the process count (which, where the pids
+/// controller has no counter, as at the root, means walking every cgroup below).
+pub fn read_cpu_memory(layout: &Layout, cgroup_path: &str) -> CgroupStats {
+    read_with(layout, cgroup_path, false)
+}
+
+fn read_with(layout: &Layout, cgroup_path: &str, pids: bool) -> CgroupStats {
     let dir = |c: &str| controller_dir(layout, c, cgroup_path);
     match layout {
-        Layout::V2(_) => dir("").map(|d| read_v2(&d)).unwrap_or_default(),
-        Layout::V1(_) => read_v1(dir("cpuacct"), dir("memory"), dir("pids")),
+        Layout::V2(_) => dir("").map(|d| read_v2(&d, pids)).unwrap_or_default(),
+        Layout::V1(_) => read_v1(dir("cpuacct"), dir("memory"), pids.then(|| dir("pids"))),
     }
 }
 
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+/// One cgroup directory, opened once so that each of its files is opened relative to it
+/// (one path component to resolve instead of the whole cgroupfs path), and read without the
+/// size query `std::fs::read_to_string` makes (cgroupfs sizes say nothing anyway).
+struct Dir(Option<rustix::fd::OwnedFd>);
+
+impl Dir {
+    fn open(path: Option<&Path>) -> Self {
+        use rustix::fs::{Mode, OFlags};
+        Self(path.and_then(|p| {
+            rustix::fs::open(
+                p,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+        }))
+    }
+
+    fn text(&self, name: &str) -> Option<String> {
+        use rustix::fs::{Mode, OFlags};
+        use std::io::Read;
+        let dir = self.0.as_ref()?;
+        let fd =
+            rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+        let mut file = std::fs::File::from(fd);
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        String::from_utf8(out).ok()
+    }
+
+    fn u64(&self, name: &str) -> Option<u64> {
+        self.text(name)?.trim().parse().ok()
+    }
 }
 
-fn read_keyed(path: &Path) -> Option<HashMap<String, u64>> {
-    std::fs::read_to_string(path).ok().map(|t| parse_keyed(&t))
-}
-
+/// `pids`: `None` leaves the process count out; `Some(None)`: no pids hierarchy.
 fn read_v1(
     cpuacct: Option<PathBuf>,
     memory: Option<PathBuf>,
-    pids: Option<PathBuf>,
+    pids: Option<Option<PathBuf>>,
 ) -> CgroupStats {
     let mut out = CgroupStats {
-        cpu_usage_ns: cpuacct.and_then(|d| read_u64(&d.join("cpuacct.usage"))),
+        cpu_usage_ns: Dir::open(cpuacct.as_deref()).u64("cpuacct.usage"),
         ..Default::default()
     };
-    if let Some(m) = memory.as_deref()
-        && let Some(usage) = read_u64(&m.join("memory.usage_in_bytes"))
-    {
-        let stat = read_keyed(&m.join("memory.stat")).unwrap_or_default();
-        let limit = std::fs::read_to_string(m.join("memory.limit_in_bytes"))
-            .ok()
+    let m = Dir::open(memory.as_deref());
+    if let Some(usage) = m.u64("memory.usage_in_bytes") {
+        let text = m.text("memory.stat").unwrap_or_default();
+        let stat = parse_keyed(&text);
+        let limit = m
+            .text("memory.limit_in_bytes")
             .and_then(|t| parse_limit_v1(&t));
         out.memory = Some(memory_v1(usage, &stat, limit));
-        if let Some(memsw) = read_u64(&m.join("memory.memsw.usage_in_bytes")) {
-            let memsw_limit = std::fs::read_to_string(m.join("memory.memsw.limit_in_bytes"))
-                .ok()
+        if let Some(memsw) = m.u64("memory.memsw.usage_in_bytes") {
+            let memsw_limit = m
+                .text("memory.memsw.limit_in_bytes")
                 .and_then(|t| parse_limit_v1(&t));
             out.swap = Some(swap_v1(usage, memsw, limit, memsw_limit));
         }
     }
-    out.pids = pids
-        .as_deref()
-        .and_then(|d| read_u64(&d.join("pids.current")))
-        .or_else(|| memory.as_deref().and_then(count_procs));
+    if let Some(pids) = pids {
+        out.pids = Dir::open(pids.as_deref())
+            .u64("pids.current")
+            .or_else(|| memory.as_deref().and_then(count_procs));
+    }
     out
 }
 
-fn read_v2(dir: &Path) -> CgroupStats {
-    if !dir.is_dir() {
+fn read_v2(path: &Path, pids: bool) -> CgroupStats {
+    let dir = Dir::open(Some(path));
+    if dir.0.is_none() {
         return CgroupStats::default();
     }
     let mut out = CgroupStats {
-        cpu_usage_ns: read_keyed(&dir.join("cpu.stat")).and_then(|s| cpu_v2(&s)),
+        cpu_usage_ns: dir.text("cpu.stat").and_then(|t| cpu_v2(&parse_keyed(&t))),
         ..Default::default()
     };
-    if let Some(current) = read_u64(&dir.join("memory.current")) {
-        let stat = read_keyed(&dir.join("memory.stat")).unwrap_or_default();
-        let limit = std::fs::read_to_string(dir.join("memory.max"))
-            .ok()
-            .and_then(|t| parse_limit_v2(&t));
+    if let Some(current) = dir.u64("memory.current") {
+        let text = dir.text("memory.stat").unwrap_or_default();
+        let stat = parse_keyed(&text);
+        let limit = dir.text("memory.max").and_then(|t| parse_limit_v2(&t));
         out.memory = Some(memory_v2(current, &stat, limit));
     }
-    if let Some(swap) = read_u64(&dir.join("memory.swap.current")) {
+    if let Some(swap) = dir.u64("memory.swap.current") {
         out.swap = Some(SwapStats {
             usage_bytes: swap,
-            limit_bytes: std::fs::read_to_string(dir.join("memory.swap.max"))
-                .ok()
-                .and_then(|t| parse_limit_v2(&t)),
+            limit_bytes: dir.text("memory.swap.max").and_then(|t| parse_limit_v2(&t)),
         });
     }
-    out.pids = read_u64(&dir.join("pids.current")).or_else(|| count_procs(dir));
+    if pids {
+        out.pids = dir.u64("pids.current").or_else(|| count_procs(path));
+    }
     out
 }
 
@@ -192,11 +239,11 @@ pub fn procs(dir: &Path) -> Vec<u32> {
 }
 
 /// `key value` lines (memory.stat, cpu.stat); lines that do not parse are skipped.
-pub fn parse_keyed(text: &str) -> HashMap<String, u64> {
+pub fn parse_keyed(text: &str) -> HashMap<&str, u64> {
     text.lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
+            Some((k, v.trim().parse().ok()?))
         })
         .collect()
 }
@@ -214,9 +261,9 @@ pub fn parse_limit_v2(text: &str) -> Option<u64> {
 
 /// v1 memory from `memory.usage_in_bytes`, `memory.stat` and the limit; the hierarchical
 /// `total_*` counters are preferred (they include child cgroups, which a pod cgroup has).
-pub fn memory_v1(usage: u64, stat: &HashMap<String, u64>, limit: Option<u64>) -> MemoryStats {
+pub fn memory_v1(usage: u64, stat: &HashMap<&str, u64>, limit: Option<u64>) -> MemoryStats {
     let get = |k: &str| {
-        stat.get(&format!("total_{k}"))
+        stat.get(format!("total_{k}").as_str())
             .or_else(|| stat.get(k))
             .copied()
             .unwrap_or(0)
@@ -246,7 +293,7 @@ pub fn swap_v1(
 }
 
 /// v2 memory from `memory.current`, `memory.stat` and `memory.max`.
-pub fn memory_v2(current: u64, stat: &HashMap<String, u64>, limit: Option<u64>) -> MemoryStats {
+pub fn memory_v2(current: u64, stat: &HashMap<&str, u64>, limit: Option<u64>) -> MemoryStats {
     let get = |k: &str| stat.get(k).copied().unwrap_or(0);
     MemoryStats {
         usage_bytes: current,
@@ -259,7 +306,7 @@ pub fn memory_v2(current: u64, stat: &HashMap<String, u64>, limit: Option<u64>) 
 }
 
 /// v2 CPU time in nanoseconds from `cpu.stat`'s `usage_usec`.
-pub fn cpu_v2(stat: &HashMap<String, u64>) -> Option<u64> {
+pub fn cpu_v2(stat: &HashMap<&str, u64>) -> Option<u64> {
     stat.get("usage_usec").map(|u| u.saturating_mul(1000))
 }
 

@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use super::ServeError;
 use crate::agent::AgentContext;
-use crate::agent::eviction::signals::fs_stats;
+use crate::agent::eviction::signals::{FsStats as Filesystem, fs_stats};
 use crate::agent::runtime::labels;
-use crate::metrics::CpuSampler;
+use crate::metrics::{CpuSampler, DiskCache};
 use crate::runtime::cgroups::Layout;
 
 /// The Summary API's top level.
@@ -176,7 +176,7 @@ type PodDisk = (usize, Vec<(String, (u64, u64))>, Vec<(String, (u64, u64))>);
 /// Collects summaries; remembers CPU samples so each has a usage rate.
 pub struct Collector {
     ctx: Arc<AgentContext>,
-    disk: Arc<DiskCache>,
+    disk: Arc<DiskCache<PathBuf>>,
     layout: Option<Layout>,
     cpu: CpuSampler,
     boot_time: String,
@@ -235,8 +235,9 @@ fn network_from(n: &cri::NetworkUsage) -> Option<NetworkStats> {
 }
 
 /// A filesystem's size and what is free on it, with `used` bytes and inodes of one user of it.
-fn fs_on(path: &Path, used: (u64, u64), time: &str) -> FsStats {
-    let st = fs_stats(path);
+/// `used` on the filesystem whose figures are `st` (measured once per summary: a statfs per
+/// pod and container would cost more than all the cgroup reads).
+fn fs_on(st: Option<&Filesystem>, used: (u64, u64), time: &str) -> FsStats {
     FsStats {
         time: time.to_string(),
         available_bytes: st.as_ref().map(|s| s.bytes.available),
@@ -323,7 +324,7 @@ impl Collector {
         };
         let now = crate::util::unix_nanos_now();
         let time = rfc3339_nanos(now);
-        let st = crate::metrics::cgroup_stats::read(layout, path);
+        let st = crate::metrics::cgroup_stats::read_cpu_memory(layout, path);
         let cpu = st.cpu_usage_ns.map(|usage| CpuStats {
             time: time.clone(),
             usage_nano_cores: self.cpu.rate(key, now, usage, 0),
@@ -494,6 +495,7 @@ impl Collector {
         });
         let t = time.clone();
         let cache = self.disk.clone();
+        let log_dir = self.ctx.pod_log_dir.clone();
         let disk = tokio::task::spawn_blocking(move || {
             let per_pod: Vec<PodDisk> = disk_jobs
                 .into_iter()
@@ -505,7 +507,9 @@ impl Collector {
                     )
                 })
                 .collect();
-            let node_fs = fs_stats(&pods_dir).map(|s| FsStats {
+            let pods_fs = fs_stats(&pods_dir);
+            let logs_fs = fs_stats(&log_dir);
+            let node_fs = pods_fs.as_ref().map(|s| FsStats {
                 time: t.clone(),
                 available_bytes: Some(s.bytes.available),
                 capacity_bytes: Some(s.bytes.capacity),
@@ -514,14 +518,15 @@ impl Collector {
                 inodes: Some(s.inodes.capacity),
                 inodes_used: s.inodes.capacity.saturating_sub(s.inodes.available),
             });
-            let image = image_mount.map(|m| fs_on(&m, image_used.unwrap_or((0, 0)), &t));
+            let image =
+                image_mount.map(|m| fs_on(fs_stats(&m).as_ref(), image_used.unwrap_or((0, 0)), &t));
             let rlimit = rlimit(&t);
             let network = node_network(&t);
-            (per_pod, node_fs, image, rlimit, network)
+            (per_pod, node_fs, image, rlimit, network, pods_fs, logs_fs)
         })
         .await
         .map_err(|e| ServeError::internal(format!("disk statistics: {e}")))?;
-        let (per_pod, node_fs, image, rlimit, network) = disk;
+        let (per_pod, node_fs, image, rlimit, network, pods_fs, logs_fs) = disk;
         for (i, logs, volumes) in per_pod {
             let Some(p) = out_pods.get_mut(i) else {
                 continue;
@@ -533,7 +538,7 @@ impl Collector {
                     .find(|(n, _)| n == &c.name)
                     .map(|(_, u)| *u)
                     .unwrap_or((0, 0));
-                c.logs = Some(fs_on(&self.ctx.pod_log_dir, used, &time));
+                c.logs = Some(fs_on(logs_fs.as_ref(), used, &time));
                 if let Some(r) = &mut c.rootfs
                     && let Some(m) = image.as_ref()
                 {
@@ -555,11 +560,11 @@ impl Collector {
                 ephemeral.0 += used.0;
                 ephemeral.1 += used.1;
                 p.volume.push(VolumeStats {
-                    fs: fs_on(&self.ctx.pods_dir, used, &time),
+                    fs: fs_on(pods_fs.as_ref(), used, &time),
                     name,
                 });
             }
-            p.ephemeral_storage = Some(fs_on(&self.ctx.pods_dir, ephemeral, &time));
+            p.ephemeral_storage = Some(fs_on(pods_fs.as_ref(), ephemeral, &time));
         }
         node.network = network;
         node.fs = node_fs;
@@ -607,7 +612,7 @@ fn rlimit(time: &str) -> Option<RlimitStats> {
 
 /// Bytes and inodes of each directory `depth` levels below `root` (1: its entries; 2: the
 /// entries of its entries, as `volumes/<plugin>/<name>`), by the last name.
-fn dir_usages(root: &Path, depth: usize, cache: &DiskCache) -> Vec<(String, (u64, u64))> {
+fn dir_usages(root: &Path, depth: usize, cache: &DiskCache<PathBuf>) -> Vec<(String, (u64, u64))> {
     let mut level = vec![root.to_path_buf()];
     for _ in 0..depth {
         level = level
@@ -622,37 +627,8 @@ fn dir_usages(root: &Path, depth: usize, cache: &DiskCache) -> Vec<(String, (u64
         .into_iter()
         .filter_map(|d| {
             let name = d.file_name()?.to_string_lossy().into_owned();
-            let used = cache.usage(&d);
+            let used = cache.usage(&d, || crate::util::disk_usage(&d));
             Some((name, used))
         })
         .collect()
-}
-
-/// How long a directory's measured size is reused (the kubelet measures disks about once a
-/// minute; walking every pod's logs and volumes on each request would cost far more).
-const DISK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Directory sizes measured recently.
-#[derive(Default)]
-struct DiskCache(std::sync::Mutex<HashMap<PathBuf, Measured>>);
-
-/// When a directory was measured, and its bytes and inodes.
-type Measured = (std::time::Instant, (u64, u64));
-
-impl DiskCache {
-    /// Bytes and inodes under `dir`, measured at most [`DISK_TTL`] ago.
-    fn usage(&self, dir: &Path) -> (u64, u64) {
-        let now = std::time::Instant::now();
-        if let Some((at, used)) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(dir)
-            && now.duration_since(*at) < DISK_TTL
-        {
-            return *used;
-        }
-        let used = crate::util::disk_usage(dir);
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Directories of pods that are gone fall out.
-        map.retain(|_, (at, _)| now.duration_since(*at) < DISK_TTL * 6);
-        map.insert(dir.to_path_buf(), (now, used));
-        used
-    }
 }
