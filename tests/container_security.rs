@@ -697,8 +697,8 @@ async fn status_reports_reason_message_image_ref_and_verbose_info() {
     remove_pod(&env.c, &env.pod).await;
 }
 
-/// ExecSync'd processes run as the container's user with its groups and seccomp filter
-/// (libcontainer 0.7's tenant builder alone would run them as root, unfiltered).
+/// ExecSync'd processes run as the container's user with its groups and seccomp filter, in
+/// its cgroups and namespaces.
 #[tokio::test]
 async fn exec_runs_as_the_container_user() {
     let env = Env::new("execuser").await;
@@ -722,5 +722,28 @@ async fn exec_runs_as_the_container_user() {
     assert!(exec_ok(&env.c, &id, &["id", "-G"]).await.contains("1234"));
     let s = exec_ok(&env.c, &id, &["cat", "/proc/self/status"]).await;
     assert_eq!(status_field(&s, "Seccomp"), Some("2"));
+    // It is in the container's cgroups and namespaces: those of its init (pid 1 there).
+    let same = exec_ok(
+        &env.c,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "cat /proc/self/cgroup; for n in pid mnt net ipc uts cgroup; do readlink /proc/self/ns/$n; done",
+        ],
+    )
+    .await;
+    let init = exec_ok(
+        &env.c,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "cat /proc/1/cgroup; for n in pid mnt net ipc uts cgroup; do readlink /proc/1/ns/$n; done",
+        ],
+    )
+    .await;
+    assert_eq!(same, init);
+    assert!(same.contains("pid:["), "{same}");
     remove_pod(&env.c, &env.pod).await;
 }

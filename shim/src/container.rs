@@ -1,8 +1,10 @@
-//! The one container this shim owns, through libcontainer (create, start, signal, exec, delete).
+//! The one container this shim owns: created, started, signalled and deleted through
+//! libcontainer, entered for execs by the shim's own `enter`.
 //!
 //! libcontainer is not thread-safe and changes the working directory: the shim is single-
 //! threaded, calls it from one place at a time, and passes absolute paths only.
 
+use std::cell::OnceCell;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -10,12 +12,13 @@ use std::path::{Path, PathBuf};
 use libcontainer::container::Container;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::error::LibcontainerError;
+use libcontainer::oci_spec::runtime::Spec;
 use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
 
 use crate::error::{IoContext, ShimError};
-use crate::exec_process;
+use crate::{enter, exec_process};
 
 /// Stdio handed to a container process.
 pub struct Stdio {
@@ -27,10 +30,11 @@ pub struct Stdio {
 pub struct Ctr {
     id: String,
     bundle: PathBuf,
-    state_root: PathBuf,
     container: Container,
     /// The cgroup path libcontainer resolved (relative to each hierarchy's mount point).
     cgroup_path: Option<PathBuf>,
+    /// The bundle's spec, once an exec has read it.
+    spec: OnceCell<Spec>,
 }
 
 impl Ctr {
@@ -80,9 +84,9 @@ impl Ctr {
         Ok(Self {
             id: id.to_string(),
             bundle: bundle.to_path_buf(),
-            state_root: state_root.to_path_buf(),
             container,
             cgroup_path,
+            spec: OnceCell::new(),
         })
     }
 
@@ -121,6 +125,32 @@ impl Ctr {
             .map_err(|e| self.wrap("kill", e))
     }
 
+    /// The bundle's OCI spec, read the first time an exec needs it (the process, namespaces
+    /// and seccomp filter an exec takes on never change).
+    fn spec(&self) -> Result<&Spec, ShimError> {
+        if let Some(spec) = self.spec.get() {
+            return Ok(spec);
+        }
+        let spec = exec_process::load_spec(&self.bundle)?;
+        Ok(self.spec.get_or_init(|| spec))
+    }
+
+    fn enter(
+        &self,
+        args: Vec<String>,
+        env: &[String],
+        cwd: Option<PathBuf>,
+        io: enter::Io,
+    ) -> Result<enter::Entered, ShimError> {
+        let init = self.pid().ok_or_else(|| {
+            ShimError::Precondition(format!("container {} has no init process", self.id))
+        })?;
+        let spec = self.spec()?;
+        let tty = matches!(io, enter::Io::Tty);
+        let process = exec_process::exec_process(spec, args, env, cwd, tty)?;
+        enter::spawn(&self.id, init, spec, &process, io)
+    }
+
     /// Starts `args` inside the container as the container's own process would run (user,
     /// groups, capabilities, seccomp); returns its host pid (a child of the shim).
     pub fn exec(
@@ -130,44 +160,33 @@ impl Ctr {
         cwd: Option<PathBuf>,
         stdio: Stdio,
     ) -> Result<Pid, ShimError> {
-        let spec = exec_process::load_spec(&self.bundle)?;
-        let process = exec_process::exec_process(&spec, args, env, cwd, false)?;
-        let file = exec_process::ProcessFile::write(&self.bundle, &process)?;
-        let mut builder = ContainerBuilder::new(self.id.clone(), SyscallType::default())
-            .with_root_path(&self.state_root)
-            .map_err(|e| self.wrap("exec in", e))?
-            .with_executor(exec_process::SeccompExecutor::new(&spec))
-            .with_stdout(stdio.stdout)
-            .with_stderr(stdio.stderr);
-        if let Some(stdin) = stdio.stdin {
-            builder = builder.with_stdin(stdin);
-        }
-        builder
-            .as_tenant()
-            .with_process(Some(file.path()))
-            .with_detach(true)
-            .build()
-            .map_err(|e| self.wrap("exec in", e))
+        let stdin = match stdio.stdin {
+            Some(fd) => fd,
+            None => fs::File::open("/dev/null")
+                .ctx(|| "open /dev/null".to_string())?
+                .into(),
+        };
+        let io = enter::Io::Pipes {
+            stdin,
+            stdout: stdio.stdout,
+            stderr: stdio.stderr,
+        };
+        self.enter(args, env, cwd, io).map(|e| e.pid)
     }
 
-    /// Starts the process described by the OCI process file `process` (with a terminal) inside
-    /// the container; libcontainer sends the pty master to `console_socket`.
-    pub fn exec_with_console(
+    /// Starts `args` inside the container on a new terminal of the container's devpts; returns
+    /// its host pid and the terminal's master.
+    pub fn exec_tty(
         &self,
-        process: &Path,
-        console_socket: &Path,
-    ) -> Result<Pid, ShimError> {
-        let spec = exec_process::load_spec(&self.bundle)?;
-        ContainerBuilder::new(self.id.clone(), SyscallType::default())
-            .with_root_path(&self.state_root)
-            .map_err(|e| self.wrap("exec in", e))?
-            .with_executor(exec_process::SeccompExecutor::new(&spec))
-            .with_console_socket(Some(console_socket))
-            .as_tenant()
-            .with_process(Some(process))
-            .with_detach(true)
-            .build()
-            .map_err(|e| self.wrap("exec in", e))
+        args: Vec<String>,
+        env: &[String],
+        cwd: Option<PathBuf>,
+    ) -> Result<(Pid, OwnedFd), ShimError> {
+        let entered = self.enter(args, env, cwd, enter::Io::Tty)?;
+        match entered.pty {
+            Some(pty) => Ok((entered.pid, pty)),
+            None => Err(ShimError::Precondition("no terminal was made".into())),
+        }
     }
 
     /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`).

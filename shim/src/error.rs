@@ -17,6 +17,9 @@ pub enum ShimError {
         #[source]
         source: Box<libcontainer::error::LibcontainerError>,
     },
+    /// A process could not be started inside the container.
+    #[error("exec in container {id}: {message}")]
+    Enter { id: String, message: String },
     /// A system call or file operation failed.
     #[error("{context}: {source}")]
     Io {

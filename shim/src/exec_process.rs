@@ -1,21 +1,12 @@
 //! What a process exec'd into the container runs as: the container's own process spec (user,
-//! groups, capabilities, no_new_privs, rlimits) with the exec's args, and its seccomp filter.
-//!
-//! libcontainer 0.7 builds a tenant's process from scratch (root, no extra groups) and drops
-//! the container's seccomp profile, so `kubectl exec` and probes would escape the container's
-//! security context. The shim instead hands libcontainer a process file derived from the
-//! bundle's config.json, and an executor that loads the container's seccomp filter last.
+//! groups, capabilities, no_new_privs, rlimits) with the exec's args, env and working directory,
+//! so `kubectl exec` and probes keep the container's security context.
 
-use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use libcontainer::oci_spec::runtime::{LinuxSeccomp, Process, Spec};
-use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
+use libcontainer::oci_spec::runtime::{Process, Spec};
 
-use crate::error::{IoContext, ShimError};
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
+use crate::error::ShimError;
 
 /// The bundle's OCI spec.
 pub fn load_spec(bundle: &Path) -> Result<Spec, ShimError> {
@@ -55,68 +46,6 @@ pub fn exec_process(
         process.set_cwd(cwd);
     }
     Ok(process)
-}
-
-/// A process file for libcontainer's tenant builder; removed on drop.
-pub struct ProcessFile(PathBuf);
-
-impl ProcessFile {
-    /// Writes `process` as JSON into `dir`.
-    pub fn write(dir: &Path, process: &Process) -> Result<Self, ShimError> {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".exec-process-{}-{n}.json", std::process::id()));
-        let json = serde_json::to_vec(process)
-            .map_err(|e| ShimError::Precondition(format!("encoding the exec process: {e}")))?;
-        fs::write(&path, json).ctx(|| format!("write {}", path.display()))?;
-        Ok(Self(path))
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ProcessFile {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
-
-/// Runs the workload like libcontainer's default executor, after loading the container's
-/// seccomp filter (which libcontainer drops for tenants).
-#[derive(Clone)]
-pub struct SeccompExecutor {
-    seccomp: Option<LinuxSeccomp>,
-}
-
-impl SeccompExecutor {
-    /// For the container whose spec is `spec`.
-    pub fn new(spec: &Spec) -> Self {
-        Self {
-            seccomp: spec.linux().as_ref().and_then(|l| l.seccomp().clone()),
-        }
-    }
-}
-
-impl Executor for SeccompExecutor {
-    fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
-        if let Some(seccomp) = &self.seccomp {
-            // Capabilities are already dropped here: without CAP_SYS_ADMIN the kernel accepts
-            // a filter only under no_new_privs, so that is set first when needed (as it is for
-            // the container's own process when it asked for it).
-            if libcontainer::seccomp::initialize_seccomp(seccomp).is_err() {
-                nix::sys::prctl::set_no_new_privs()
-                    .map_err(|e| ExecutorError::Other(format!("no_new_privs for seccomp: {e}")))?;
-                libcontainer::seccomp::initialize_seccomp(seccomp)
-                    .map_err(|e| ExecutorError::Other(format!("loading seccomp: {e}")))?;
-            }
-        }
-        libcontainer::workload::default::get_executor().exec(spec)
-    }
-
-    fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
-        libcontainer::workload::default::get_executor().validate(spec)
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod console;
 mod container;
 mod crilog;
 mod daemon;
+mod enter;
 mod error;
 mod exec_process;
 mod exitfile;

@@ -643,7 +643,7 @@ impl Shim {
             },
             Ok(Some(R::ExecStream(x))) => {
                 let res = if matches!(self.init, Init::Running { .. }) {
-                    self.streams.exec(&self.ctr, &self.args.state_root, x, conn)
+                    self.streams.exec(&self.ctr, x, conn)
                 } else {
                     let e = ShimError::Precondition(format!(
                         "container {} is not running",

@@ -4,14 +4,13 @@ use std::fs;
 use std::io::{ErrorKind, IoSlice, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use nix::unistd::Pid;
 use prost::Message;
 
-use crate::console::ConsoleSocket;
 use crate::container::{Ctr, Stdio};
 use crate::error::{IoContext, ShimError};
 use crate::proto::pb;
@@ -52,7 +51,6 @@ pub enum StreamSlot {
 pub struct Streams {
     execs: Vec<ExecSession>,
     attachers: Vec<Attacher>,
-    seq: u64,
 }
 
 /// Sends one answer frame carrying `fds`; never raises SIGPIPE.
@@ -243,16 +241,14 @@ impl Streams {
     pub fn exec(
         &mut self,
         ctr: &Ctr,
-        state_root: &Path,
         x: pb::ExecStreamRequest,
         conn: UnixStream,
     ) -> Result<(), (UnixStream, ShimError)> {
         if x.args.is_empty() {
             return Err((conn, ShimError::Precondition("exec needs args".into())));
         }
-        self.seq += 1;
         let started = if x.tty {
-            self.start_tty(ctr, state_root, &x)
+            self.start_tty(ctr, &x)
         } else {
             start_pipes(ctr, &x)
         };
@@ -287,34 +283,9 @@ impl Streams {
         Ok(())
     }
 
-    fn start_tty(
-        &self,
-        ctr: &Ctr,
-        state_root: &Path,
-        x: &pb::ExecStreamRequest,
-    ) -> Result<Started, ShimError> {
-        let spec = crate::exec_process::load_spec(ctr.bundle())?;
+    fn start_tty(&self, ctr: &Ctr, x: &pb::ExecStreamRequest) -> Result<Started, ShimError> {
         let cwd = (!x.cwd.is_empty()).then(|| PathBuf::from(&x.cwd));
-        let process = crate::exec_process::exec_process(&spec, x.args.clone(), &x.env, cwd, true)?;
-        let file = crate::exec_process::ProcessFile::write(state_root, &process)?;
-        let console = ConsoleSocket::bind(&state_root.join(format!(
-            ".exec-console-{}-{}.sock",
-            std::process::id(),
-            self.seq
-        )));
-        let result = console.and_then(|console| {
-            let pid = ctr.exec_with_console(file.path(), console.path())?;
-            match console.receive_master_wait(std::time::Duration::from_secs(5)) {
-                Ok(master) => Ok((pid, master)),
-                Err(e) => {
-                    let _ = kill(pid, Signal::SIGKILL);
-                    crate::server::reap_blocking(pid);
-                    Err(e)
-                }
-            }
-        });
-        drop(file);
-        let (pid, master) = result?;
+        let (pid, master) = ctr.exec_tty(x.args.clone(), &x.env, cwd)?;
         let pidfd = with_pidfd(pid)?;
         Ok((pid, pidfd, vec![("pty", master)]))
     }
