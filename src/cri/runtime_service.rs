@@ -471,6 +471,9 @@ async fn exec(
     }
     Self::check_streams("Exec", req.tty, req.stdin, req.stdout, req.stderr)?;
     let rec = self.containers.running(&req.container_id, "Exec")?;
+    // The client connects to the URL at once and the process will join the container's
+    // cgroups: the head start on the cgroup-attach lock.
+    crate::runtime::cgroup_attach::prime();
     let url = server.url_for(crate::stream::Pending::Exec(cri::ExecRequest {
         container_id: rec.id.clone(),
         ..req

@@ -249,6 +249,10 @@ impl NodeServer {
                 }
             };
             let _ = tcp.set_nodelay(true);
+            // The API server opens a connection per exec (upgrades are not pooled) and the
+            // exec'd process will join the container's cgroups a few milliseconds later: the
+            // cgroup-attach lock gets its head start now, not after the handshake.
+            crate::runtime::cgroup_attach::prime();
             let (server, acceptor) = (self.clone(), acceptor.clone());
             tokio::spawn(async move {
                 let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
@@ -344,6 +348,8 @@ impl NodeServer {
                 logs::serve(self.ctx.clone(), ns, pod, container, &query).await
             }
             ["exec", ns, pod, container] | ["exec", ns, pod, _, container] => {
+                // The exec'd process will join the container's cgroups: the head start.
+                crate::runtime::cgroup_attach::prime();
                 let id = self.running_container(ns, pod, container).await?;
                 let cmd = query_values(&query, "command");
                 if cmd.is_empty() {
