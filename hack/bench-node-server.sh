@@ -2,7 +2,8 @@
 # Node server benchmark: what a cluster's user waits for through the API server, on a Berth node
 # (berthd with its agent's node server) against the stock kubelet 1.20 on containerd (the
 # reference), both joined to one real control plane (hack/bench-plane.sh), one after the other:
-#   - `kubectl exec <pod> -- true`, R times: p50 and p90 (kubectl's own start-up is in both);
+#   - `kubectl exec <pod> -- true`, R times: p50 and p90 (kubectl's own start-up is in both), and
+#     `kubectl get pod` as often, the part of an exec that is kubectl and the API server alone;
 #   - `kubectl logs` of a container that wrote 100 MiB to stdout: output MiB/s (best of 3);
 #   - `/stats/summary` through the API server's node proxy with 50 pods on the node, R times:
 #     p50 and p90 (curl's total time).
@@ -143,6 +144,11 @@ run() {
     t0=$(now_us); kc exec "$prefix-talk" -- true; t1=$(now_us)
     echo $(( (t1 - t0) / 1000 )) >>"$W/$kind.exec"
   done
+  : >"$W/$kind.get"
+  for i in $(seq "$R"); do
+    t0=$(now_us); kc get pod "$prefix-talk" >/dev/null; t1=$(now_us)
+    echo $(( (t1 - t0) / 1000 )) >>"$W/$kind.get"
+  done
   for i in 1 2 3; do
     t0=$(now_us); bytes=$(kc logs "$prefix-biglog" | wc -c); t1=$(now_us)
     local rate
@@ -176,6 +182,10 @@ for p in 50 90; do
   a=$(pct "$p" <"$W/berth.exec"); b=$(pct "$p" <"$W/kubelet.exec")
   row "kubectl exec -- true, p$p (ms)" "$a" "$b" "$(ratio "$a" "$b")"
 done
+a=$(pct 50 <"$W/berth.get"); b=$(pct 50 <"$W/kubelet.get")
+row "  kubectl get pod, p50 (ms): no node involved" "$a" "$b" "$(ratio "$a" "$b")"
+a=$(( $(pct 50 <"$W/berth.exec") - a )); b=$(( $(pct 50 <"$W/kubelet.exec") - b ))
+row "  exec minus get, p50 (ms): the node's share" "$a" "$b" "$(ratio "$a" "$b")"
 read -r bl bbytes <"$W/berth.logs"; read -r kl kbytes <"$W/kubelet.logs"
 row "kubectl logs of ${LOG_MIB} MiB, best of 3 (MiB/s)" "$bl" "$kl" "$(ratio "$bl" "$kl")"
 row "  bytes shown" "$bbytes" "$kbytes" ""
