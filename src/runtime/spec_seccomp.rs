@@ -368,8 +368,7 @@ mod tests {
 
     #[test]
     fn localhost_profile_loading() {
-        let dir = std::env::temp_dir().join(format!("berth-seccomp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::util::ScratchDir::new("seccomp");
         let good = dir.join("good.json");
         std::fs::write(
             &good,

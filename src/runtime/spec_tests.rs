@@ -3,9 +3,8 @@
 use super::*;
 use oci_spec::runtime::{LinuxSeccompAction, Process};
 
-fn rootfs(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("berth-spec-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn rootfs(tag: &str) -> crate::util::ScratchDir {
+    let dir = crate::util::ScratchDir::new(&format!("spec-{tag}"));
     std::fs::create_dir_all(dir.join("etc")).unwrap();
     std::fs::write(
         dir.join("etc/passwd"),
@@ -92,7 +91,7 @@ struct Fixture {
     sandbox: cri::PodSandboxConfig,
     image: ImageConfig,
     paths: SandboxPaths,
-    rootfs: PathBuf,
+    rootfs: crate::util::ScratchDir,
     runtime_oom: i32,
     termination: Option<(PathBuf, PathBuf)>,
     image_volumes: HashMap<usize, PathBuf>,
@@ -676,7 +675,7 @@ fn readonly_rootfs_and_no_new_privs() {
     f.sc().no_new_privs = true;
     let spec = f.spec();
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
-    assert_eq!(spec.root().as_ref().unwrap().path(), &f.rootfs);
+    assert_eq!(spec.root().as_ref().unwrap().path(), &*f.rootfs);
     assert_eq!(process(&spec).no_new_privileges(), Some(true));
 }
 

@@ -291,10 +291,8 @@ pub(crate) fn resolve_in_root(root: &Path, rel: &Path) -> Result<Option<PathBuf>
 mod tests {
     use super::*;
 
-    fn rootfs(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("berth-spec-user-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn rootfs(tag: &str) -> crate::util::ScratchDir {
+        let dir = crate::util::ScratchDir::new(&format!("spec-user-{tag}"));
         std::fs::create_dir_all(dir.join("etc")).unwrap();
         std::fs::write(
             dir.join("etc/passwd"),
@@ -421,9 +419,7 @@ mod tests {
 
     #[test]
     fn missing_passwd_numeric_user_ok_named_user_refused() {
-        let dir =
-            std::env::temp_dir().join(format!("berth-spec-user-empty-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::util::ScratchDir::new("spec-user-empty");
         let mut q = req();
         q.image_user = "1234:99";
         let u = resolve_user(&dir, &q).unwrap();
