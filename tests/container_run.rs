@@ -10,7 +10,21 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     let d = Daemon::start();
     let c = d.client().await;
     let busybox = image("busybox");
-    pull(&c, &busybox).await.expect("pull");
+    let pulled = pull(&c, &busybox).await.expect("pull");
+    // Status says what Berth supports: recursive read-only mounts (this kernel has
+    // mount_setattr), the supplemental-groups policies.
+    let st = c
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .expect("Status")
+        .into_inner();
+    assert_eq!(st.runtime_handlers.len(), 1, "{st:?}");
+    assert_eq!(st.runtime_handlers[0].name, "");
+    let handler = st.runtime_handlers[0].features.expect("handler features");
+    assert!(handler.recursive_read_only_mounts, "{st:?}");
+    assert!(!handler.user_namespaces, "{st:?}");
+    assert!(st.features.is_some_and(|f| f.supplemental_groups_policy));
     let logs = d.dir.path().join("logs");
     let sandbox_cfg = pod_config("runner", &logs, cri::NamespaceMode::Container);
     let sandbox = c
@@ -44,6 +58,12 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     assert_eq!(
         listed[0].state,
         cri::ContainerState::ContainerCreated as i32
+    );
+    // image_id is the image's id, as PullImage answered, in the list and in the status.
+    assert_eq!(listed[0].image_id, pulled);
+    assert_eq!(
+        container_status(&c, &id).await.expect("status").image_id,
+        pulled
     );
     c.runtime()
         .start_container(cri::StartContainerRequest {

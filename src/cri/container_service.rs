@@ -45,11 +45,11 @@ pub fn to_list_item(rec: &ContainerRecord) -> cri::Container {
         metadata: config.metadata.clone(),
         image: config.image.clone(),
         image_ref: rec.image_id.clone(),
+        image_id: rec.image_id.clone(),
         state: cri_state(rec.state),
         created_at: rec.created_at,
         labels: config.labels.clone(),
         annotations: config.annotations.clone(),
-        ..Default::default()
     }
 }
 

@@ -73,15 +73,48 @@ pub fn status(verbose: bool, net: Option<&NetManager>) -> cri::StatusResponse {
     cri::StatusResponse {
         status: Some(cri::RuntimeStatus { conditions }),
         info,
+        // Berth has one handler, the default (named ""): others are refused at RunPodSandbox.
         runtime_handlers: vec![cri::RuntimeHandler {
             name: String::new(),
             features: Some(cri::RuntimeHandlerFeatures {
-                recursive_read_only_mounts: false,
+                recursive_read_only_mounts: recursive_read_only_mounts(),
                 user_namespaces: false,
             }),
         }],
-        features: None,
+        // Merge and Strict supplemental groups, and ContainerStatus.user.
+        features: Some(cri::RuntimeFeatures {
+            supplemental_groups_policy: true,
+        }),
     }
+}
+
+/// Whether the kernel can make a mount read-only with everything below it (`mount_setattr(2)`
+/// with `AT_RECURSIVE`, Linux 5.12), which recursive read-only mounts need; asked once.
+pub fn recursive_read_only_mounts() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let attr = libc::mount_attr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: a bad descriptor (-1) with an empty path and a zeroed attribute block of the
+        // size passed: the kernel only validates and answers EBADF, or ENOSYS where the call
+        // does not exist; nothing is changed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                -1,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+                &attr as *const libc::mount_attr,
+                std::mem::size_of::<libc::mount_attr>(),
+            )
+        };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        rc == 0 || errno != Some(libc::ENOSYS)
+    })
 }
 
 /// RuntimeConfig: Berth drives cgroups through cgroupfs.
