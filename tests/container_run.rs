@@ -123,6 +123,24 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
     let e = exec(&[], 1).await.expect_err("empty cmd");
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // Checkpoints need CRIU, which cannot run on every kernel: the reason, never Unimplemented.
+    let checkpoint = |id: &str| {
+        let c = c.clone();
+        let req = cri::CheckpointContainerRequest {
+            container_id: id.to_string(),
+            location: "/tmp/berth-checkpoint-never.tar".into(),
+            timeout: 10,
+        };
+        async move { c.runtime().checkpoint_container(req).await }
+    };
+    let e = checkpoint(&sleeper).await.expect_err("no checkpoint");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains(&sleeper) && e.message().contains("CRIU"),
+        "{e:?}"
+    );
+    let e = checkpoint("nosuchcontainer").await.expect_err("unknown");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     c.runtime()
         .stop_container(cri::StopContainerRequest {

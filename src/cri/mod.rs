@@ -1,6 +1,7 @@
 //! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
 
 mod authority;
+mod checkpoint;
 mod container_service;
 mod encoded_lists;
 mod errors;
