@@ -44,6 +44,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
     let store = Store::open(&config.db_path())?;
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
+    // Pods with their own user namespace need idmapped mounts of both directories.
+    let (root, state) = (config.root.clone(), config.state_dir.clone());
+    tokio::task::spawn_blocking(move || {
+        crate::runtime::userns::detect_support(&[root.as_path(), state.as_path()])
+    })
+    .await
+    .context("checking for idmapped mounts")?;
     let net = NetManager::new(NetOptions {
         conf_dir: config.cni.conf_dir.clone(),
         bin_dirs: config.cni.bin_dirs.clone(),

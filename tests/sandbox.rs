@@ -423,6 +423,8 @@ async fn sandboxes_survive_kill_9_and_half_created_ones_are_rolled_back() {
             uts_ns: None,
             pid_ns: None,
             pod_init: None,
+            user_ns: None,
+            user_ids: None,
             shm: None,
             cgroup_parent: String::new(),
             created_cgroups: Vec::new(),

@@ -338,6 +338,12 @@ impl Snapshotter {
         &self.root
     }
 
+    /// The directory holding every snapshot's directory (the paths in overlay mount options
+    /// are below it).
+    pub fn snapshots_dir(&self) -> &Path {
+        &self.snapshots
+    }
+
     fn dir(&self, id: u64) -> PathBuf {
         self.snapshots.join(id.to_string())
     }

@@ -127,6 +127,15 @@ enum Command {
         /// Pin a new PID namespace here, with berth-pod-init as its init.
         #[arg(long)]
         pid: Option<PathBuf>,
+        /// Pin a new user namespace here (it owns the others); needs --uid-map and --gid-map.
+        #[arg(long, requires_all = ["uid_map", "gid_map"])]
+        user: Option<PathBuf>,
+        /// CONTAINER:HOST:LENGTH uid mapping of the new user namespace.
+        #[arg(long)]
+        uid_map: Option<String>,
+        /// CONTAINER:HOST:LENGTH gid mapping of the new user namespace.
+        #[arg(long)]
+        gid_map: Option<String>,
         /// cgroup directory the pod init joins (repeatable).
         #[arg(long = "cgroup")]
         cgroups: Vec<PathBuf>,
@@ -264,16 +273,35 @@ fn main() {
         ipc,
         uts,
         pid,
+        user,
+        uid_map,
+        gid_map,
         cgroups,
         hostname,
         sysctls,
     }) = &cli.command
     {
+        use berth::runtime::pin::parse_range;
+        let user = match (
+            user,
+            uid_map.as_deref().map(parse_range),
+            gid_map.as_deref().map(parse_range),
+        ) {
+            (None, _, _) => None,
+            (Some(path), Some(Some(uids)), Some(Some(gids))) => {
+                Some((path.clone(), berth::runtime::userns::PodIds { uids, gids }))
+            }
+            _ => {
+                eprintln!("pin-namespaces: --uid-map and --gid-map take CONTAINER:HOST:LENGTH");
+                std::process::exit(2);
+            }
+        };
         let req = berth::runtime::pin::PinRequest {
             net: net.clone(),
             ipc: ipc.clone(),
             uts: uts.clone(),
             pid: pid.clone(),
+            user,
             cgroups: cgroups.clone(),
             hostname: hostname.clone(),
             sysctls: sysctls

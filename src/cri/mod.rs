@@ -7,6 +7,7 @@ mod encoded_lists;
 mod errors;
 mod events_service;
 mod image_service;
+mod metrics_service;
 mod runtime_info;
 mod runtime_service;
 mod sandbox_service;

@@ -78,7 +78,7 @@ pub fn status(verbose: bool, net: Option<&NetManager>) -> cri::StatusResponse {
             name: String::new(),
             features: Some(cri::RuntimeHandlerFeatures {
                 recursive_read_only_mounts: recursive_read_only_mounts(),
-                user_namespaces: false,
+                user_namespaces: crate::runtime::userns::supported(),
             }),
         }],
         // Merge and Strict supplemental groups, and ContainerStatus.user.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::events_service::EventSource;
 use super::stats_service::{self, StatsCollector};
-use super::{container_service, runtime_info, sandbox_service};
+use super::{container_service, metrics_service, runtime_info, sandbox_service};
 use crate::image::ImageManager;
 use crate::runtime::container::{ContainerManager, ContainerRecord, ContainerState};
 use crate::runtime::events::EventKind;
@@ -153,25 +153,7 @@ impl RuntimeApi {
                 let mine = by_sandbox.get(s.id.as_str()).map_or(&[][..], Vec::as_slice);
                 stats.sandbox(s, mine, &snapshots)
             };
-            // The cgroup and disk reads of many pods are spread over the machine's cores.
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(sandboxes.len().div_ceil(8))
-                .max(1);
-            if threads == 1 {
-                return sandboxes.iter().map(one).collect::<Vec<_>>();
-            }
-            let chunk = sandboxes.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                let parts: Vec<_> = sandboxes
-                    .chunks(chunk)
-                    .map(|part| scope.spawn(|| part.iter().map(one).collect::<Vec<_>>()))
-                    .collect();
-                parts
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect::<Vec<_>>()
-            })
+            stats_service::spread_over_cores(&sandboxes, one)
         })
         .await
         .map_err(|e| Status::internal(format!("pod sandbox stats: {e}")))
@@ -603,17 +585,43 @@ impl RuntimeService for RuntimeApi {
         &self,
         _request: Request<cri::ListMetricDescriptorsRequest>,
     ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
-        Err(Status::unimplemented(
-            "ListMetricDescriptors: Berth reports container metrics through ListContainerStats and ListPodSandboxStats",
-        ))
+        Ok(Response::new(cri::ListMetricDescriptorsResponse {
+            descriptors: metrics_service::descriptors(self.stats.layout()),
+        }))
     }
 
     async fn list_pod_sandbox_metrics(
         &self,
         _request: Request<cri::ListPodSandboxMetricsRequest>,
     ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
-        Err(Status::unimplemented(
-            "ListPodSandboxMetrics: Berth reports pod metrics through ListPodSandboxStats",
-        ))
+        let sandboxes: Vec<SandboxRecord> = self
+            .sandboxes
+            .list()?
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .map(|s| SandboxRecord::clone(s))
+            .collect();
+        let containers = self.containers.stored()?;
+        let stats = self.stats.clone();
+        let snapshots = self.images.snapshotter();
+        let pod_metrics = tokio::task::spawn_blocking(move || {
+            let mut by_sandbox: HashMap<&str, Vec<ContainerRecord>> = HashMap::new();
+            for c in containers.iter().filter(|c| c.is_active()) {
+                by_sandbox
+                    .entry(c.sandbox_id.as_str())
+                    .or_default()
+                    .push(ContainerRecord::clone(c));
+            }
+            let layer_fs = metrics_service::LayerFs::measure(&snapshots);
+            stats_service::spread_over_cores(&sandboxes, |s| {
+                let mine = by_sandbox.get(s.id.as_str()).map_or(&[][..], Vec::as_slice);
+                metrics_service::pod_metrics(&stats, s, mine, &snapshots, layer_fs.as_ref())
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("ListPodSandboxMetrics: {e}")))?;
+        Ok(Response::new(cri::ListPodSandboxMetricsResponse {
+            pod_metrics,
+        }))
     }
 }

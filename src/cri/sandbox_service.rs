@@ -12,6 +12,7 @@ impl From<SandboxError> for Status {
         match e {
             SandboxError::InvalidArgument(_) => Status::invalid_argument(msg),
             SandboxError::NotFound(_) => Status::not_found(msg),
+            SandboxError::FailedPrecondition(_) => Status::failed_precondition(msg),
             SandboxError::NameInUse { .. } => Status::already_exists(msg),
             SandboxError::Internal(_) => Status::internal(msg),
         }

@@ -1,13 +1,11 @@
 //! CRI ContainerStats and PodSandboxStats messages from cgroup readings and snapshot usage.
 
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
-
 use berth_snapshotter::{Snapshotter, Usage};
 use k8s_cri::v1 as cri;
+use std::collections::{HashMap, HashSet};
 
 use crate::metrics::cgroup_stats::{self, CgroupStats};
-use crate::metrics::{CpuSampler, DiskCache, MemoryStats};
+use crate::metrics::{CpuSampler, DiskCache, MemoryStats, net_dev};
 use crate::runtime::cgroups::Layout;
 use crate::runtime::container::{ContainerRecord, ContainerState};
 use crate::runtime::container_update;
@@ -78,7 +76,7 @@ impl StatsCollector {
     }
 
     /// The cgroup path a container runs in (from its bundle's OCI spec, read the first time).
-    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<String> {
+    pub(super) fn container_cgroup(&self, rec: &ContainerRecord) -> Option<String> {
         if let Some(known) = self
             .cgroups
             .lock()
@@ -203,14 +201,13 @@ impl StatsCollector {
         }
     }
 
-    /// The container's writable layer (its snapshot's usage, measured at most every
-    /// [`DISK_TTL`](crate::metrics::disk_cache::DISK_TTL)).
-    fn writable_layer(
+    /// Bytes and inodes of the container's writable layer (its snapshot's usage, measured at
+    /// most every [`DISK_TTL`](crate::metrics::disk_cache::DISK_TTL)).
+    pub(super) fn writable_layer_usage(
         &self,
-        now: i64,
         rec: &ContainerRecord,
         snapshots: &Snapshotter,
-    ) -> Option<cri::FilesystemUsage> {
+    ) -> Option<(u64, u64)> {
         if rec.snapshot.is_empty() {
             return None;
         }
@@ -222,13 +219,24 @@ impl StatsCollector {
                 )
                 .ok()
         })?;
+        Some((usage.bytes, usage.inodes))
+    }
+
+    /// The container's writable layer as the stats report it.
+    fn writable_layer(
+        &self,
+        now: i64,
+        rec: &ContainerRecord,
+        snapshots: &Snapshotter,
+    ) -> Option<cri::FilesystemUsage> {
+        let (bytes, inodes) = self.writable_layer_usage(rec, snapshots)?;
         Some(cri::FilesystemUsage {
             timestamp: now,
             fs_id: Some(cri::FilesystemIdentifier {
                 mountpoint: snapshots.root().display().to_string(),
             }),
-            used_bytes: u64v(usage.bytes),
-            inodes_used: u64v(usage.inodes),
+            used_bytes: u64v(bytes),
+            inodes_used: u64v(inodes),
         })
     }
 
@@ -276,12 +284,19 @@ fn sum(parts: &[CgroupStats]) -> CgroupStats {
     out
 }
 
-/// Interface counters of `/proc/<pid>/net/dev` (the pod's network namespace); `lo` is left out,
-/// and nothing is reported when no other interface exists.
+/// Interface counters of the pod's network namespace (through a process in it); `lo` is left
+/// out, and nothing is reported when no other interface exists.
 fn network_usage(now: i64, pid: u32) -> Option<cri::NetworkUsage> {
-    let text =
-        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("net/dev")).ok()?;
-    let interfaces = parse_net_dev(&text);
+    let interfaces: Vec<cri::NetworkInterfaceUsage> = net_dev::read(pid)?
+        .into_iter()
+        .map(|i| cri::NetworkInterfaceUsage {
+            name: i.name,
+            rx_bytes: u64v(i.rx_bytes),
+            rx_errors: u64v(i.rx_errors),
+            tx_bytes: u64v(i.tx_bytes),
+            tx_errors: u64v(i.tx_errors),
+        })
+        .collect();
     let default_interface = interfaces
         .iter()
         .find(|i| i.name == "eth0")
@@ -294,32 +309,28 @@ fn network_usage(now: i64, pid: u32) -> Option<cri::NetworkUsage> {
     })
 }
 
-/// Parses `/proc/net/dev` (two header lines, then `name: rx… tx…`), skipping `lo`.
-fn parse_net_dev(text: &str) -> Vec<cri::NetworkInterfaceUsage> {
-    text.lines()
-        .skip(2)
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let name = name.trim();
-            if name == "lo" {
-                return None;
-            }
-            let f: Vec<u64> = rest
-                .split_whitespace()
-                .map(|v| v.parse().unwrap_or(0))
-                .collect();
-            if f.len() < 11 {
-                return None;
-            }
-            Some(cri::NetworkInterfaceUsage {
-                name: name.to_string(),
-                rx_bytes: u64v(f[0]),
-                rx_errors: u64v(f[2]),
-                tx_bytes: u64v(f[8]),
-                tx_errors: u64v(f[10]),
-            })
-        })
-        .collect()
+/// `one` applied to every item, the items spread over the machine's cores (cgroup and disk
+/// reads of many pods); results in the items' order.
+pub fn spread_over_cores<T: Sync, R: Send>(items: &[T], one: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len().div_ceil(8))
+        .max(1);
+    if threads == 1 {
+        return items.iter().map(one).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let one = &one;
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
 }
 
 /// Whether `rec` passes a ListContainerStats filter (id and sandbox id may be prefixes).
@@ -348,24 +359,6 @@ pub fn container_matches(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const NET_DEV: &str = "\
-Inter-|   Receive                                                |  Transmit
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
-    lo:     100       1    0    0    0     0          0         0      100       1    0    0    0     0       0          0
-  eth0:    5000      40    2    0    0     0          0         0     7000      50    3    0    0     0       0          0
-";
-
-    #[test]
-    fn net_dev_parses_without_lo() {
-        let i = parse_net_dev(NET_DEV);
-        assert_eq!(i.len(), 1);
-        assert_eq!(i[0].name, "eth0");
-        assert_eq!(i[0].rx_bytes, u64v(5000));
-        assert_eq!(i[0].rx_errors, u64v(2));
-        assert_eq!(i[0].tx_bytes, u64v(7000));
-        assert_eq!(i[0].tx_errors, u64v(3));
-    }
 
     #[test]
     fn sums_add_up_and_drop_limits() {

@@ -97,10 +97,10 @@ fn read_with(layout: &Layout, cgroup_path: &str, pids: bool) -> CgroupStats {
 /// One cgroup directory, opened once so that each of its files is opened relative to it
 /// (one path component to resolve instead of the whole cgroupfs path), and read without the
 /// size query `std::fs::read_to_string` makes (cgroupfs sizes say nothing anyway).
-struct Dir(Option<rustix::fd::OwnedFd>);
+pub(crate) struct Dir(Option<rustix::fd::OwnedFd>);
 
 impl Dir {
-    fn open(path: Option<&Path>) -> Self {
+    pub(crate) fn open(path: Option<&Path>) -> Self {
         use rustix::fs::{Mode, OFlags};
         Self(path.and_then(|p| {
             rustix::fs::open(
@@ -112,7 +112,7 @@ impl Dir {
         }))
     }
 
-    fn text(&self, name: &str) -> Option<String> {
+    pub(crate) fn text(&self, name: &str) -> Option<String> {
         use rustix::fs::{Mode, OFlags};
         use std::io::Read;
         let dir = self.0.as_ref()?;
@@ -132,7 +132,7 @@ impl Dir {
         String::from_utf8(out).ok()
     }
 
-    fn u64(&self, name: &str) -> Option<u64> {
+    pub(crate) fn u64(&self, name: &str) -> Option<u64> {
         self.text(name)?.trim().parse().ok()
     }
 }

@@ -420,10 +420,13 @@ impl ContainerManager {
         // No lock: nobody knows the new id before this call returns.
         let made = async {
             self.save(&rec)?;
-            let (shim_pid, init_pid) = self
+            let spawned = self
                 .spawn_shim(&rec, config)
                 .instrument(debug_span!("shim_create"))
-                .await?;
+                .await;
+            // The container's process has made its own mounts of any idmapped bind sources.
+            super::userns::release_binds(&rec.bundle);
+            let (shim_pid, init_pid) = spawned?;
             rec.shim_process =
                 Some(HostProcess::of(shim_pid).unwrap_or(HostProcess::ended(shim_pid)));
             rec.init_process =

@@ -10,6 +10,7 @@ use k8s_cri::v1 as cri;
 
 use super::sandbox::{SandboxError, SandboxManager, SandboxState};
 use super::spec::{self, SandboxPaths, SpecError, SpecInput};
+use super::userns;
 use crate::image::ImageManager;
 
 #[path = "container_volumes.rs"]
@@ -200,10 +201,28 @@ impl ContainerCreator {
             .map_err(|e| internal("preparing the rootfs snapshot", &e))?;
         prepared.snapshot = Some(key);
         let rootfs = bundle.join("rootfs");
-        for m in &mounts {
-            m.mount(&rootfs)
+        let pod_userns = pod_user_namespace(sandbox, config)?;
+        match &pod_userns {
+            None => {
+                for m in &mounts {
+                    m.mount(&rootfs)
+                        .map_err(|e| internal("mounting the rootfs", &e))?;
+                    prepared.rootfs_mounted = Some(rootfs.clone());
+                }
+            }
+            Some((fd, ids)) => {
+                let scratch = self.root.join("idmap").join(&id[..12.min(id.len())]);
+                prepared.rootfs_mounted = Some(rootfs.clone());
+                userns::mount_rootfs(
+                    &mounts,
+                    snapshots.snapshots_dir(),
+                    fd,
+                    ids,
+                    &rootfs,
+                    &scratch,
+                )
                 .map_err(|e| internal("mounting the rootfs", &e))?;
-            prepared.rootfs_mounted = Some(rootfs.clone());
+            }
         }
         prepared.created_host_dirs = volumes::create_missing_host_paths(config)?;
         volumes::ensure_host_propagation(config)?;
@@ -225,6 +244,7 @@ impl ContainerCreator {
             uts_ns: sandbox.uts_ns.clone(),
             pid_ns: sandbox.pid_ns.clone().filter(|p| p.exists()),
             target_pid_ns: target_pid_ns.clone(),
+            user_ns: sandbox.user_ns.clone().zip(sandbox.user_ids),
         };
         let own_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
             .ok()
@@ -249,7 +269,7 @@ impl ContainerCreator {
             host_capabilities: host_caps.as_ref(),
             hugetlb: super::cgroups::host_has_hugetlb(),
         };
-        let (oci, user) = spec::generate(&input).map_err(|e| match e {
+        let (mut oci, user) = spec::generate(&input).map_err(|e| match e {
             e @ SpecError::InvalidArgument { .. } => {
                 CreateError::InvalidArgument(format!("CreateContainer: {e}"))
             }
@@ -258,11 +278,78 @@ impl ContainerCreator {
             }
             e => internal("generating the OCI spec", &e),
         })?;
+        if let Some((fd, ids)) = &pod_userns {
+            check_user_mapped(&user, ids)?;
+            let mut mounts = oci.mounts().clone().unwrap_or_default();
+            userns::stage_binds(&mut mounts, &bundle, fd)
+                .map_err(|e| internal("idmapping bind mounts", &e))?;
+            oci.set_mounts(Some(mounts));
+        }
         oci.save(bundle.join("config.json"))
             .map_err(|e| internal("writing config.json", &e))?;
         prepared.user = Some(user);
         Ok(())
     }
+}
+
+/// The pod's user namespace (opened) and its mappings when the pod has its own; a container
+/// that asks for another user namespace than its pod's is refused.
+fn pod_user_namespace(
+    sandbox: &super::sandbox::SandboxRecord,
+    config: &cri::ContainerConfig,
+) -> Result<Option<(std::os::fd::OwnedFd, userns::PodIds)>, CreateError> {
+    let asked = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .and_then(|n| n.userns_options.as_ref());
+    if let Some(asked) = asked {
+        let wanted = userns::from_cri(Some(asked))
+            .map_err(|e| CreateError::InvalidArgument(format!("CreateContainer: {e}")))?;
+        if wanted != sandbox.user_ids {
+            return Err(CreateError::InvalidArgument(format!(
+                "CreateContainer: the container's user namespace options differ from those of its pod sandbox {}",
+                sandbox.id
+            )));
+        }
+    }
+    match (&sandbox.user_ns, sandbox.user_ids) {
+        (Some(path), Some(ids)) => {
+            let fd = userns::open(path).map_err(|e| {
+                CreateError::FailedPrecondition(format!(
+                    "CreateContainer: pod sandbox {}: {e}",
+                    sandbox.id
+                ))
+            })?;
+            Ok(Some((fd, ids)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The container's user and groups must exist in its pod's user namespace.
+fn check_user_mapped(user: &spec::EffectiveUser, ids: &userns::PodIds) -> Result<(), CreateError> {
+    let unmapped = |what: &str, id: u32| {
+        CreateError::InvalidArgument(format!(
+            "CreateContainer: {what} {id} is not mapped in the pod's user namespace (container ids 0-{})",
+            ids.uids.length.min(ids.gids.length).saturating_sub(1)
+        ))
+    };
+    if ids.uids.to_host(user.uid).is_none() {
+        return Err(unmapped("user", user.uid));
+    }
+    if ids.gids.to_host(user.gid).is_none() {
+        return Err(unmapped("group", user.gid));
+    }
+    if let Some(g) = user
+        .supplemental_groups
+        .iter()
+        .find(|g| ids.gids.to_host(**g).is_none())
+    {
+        return Err(unmapped("supplemental group", *g));
+    }
+    Ok(())
 }
 
 /// POD namespace modes follow the sandbox: a pod on the host's network or IPC makes its
@@ -335,6 +422,7 @@ impl Prepared {
         if let Some(bundle) = &self.bundle
             && !self.id.is_empty()
         {
+            userns::release_binds(bundle);
             volumes::undo_image_volumes(images, &self.id, bundle);
         }
         if let Some(rootfs) = self.rootfs_mounted.take()

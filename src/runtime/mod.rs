@@ -18,3 +18,4 @@ pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;
 pub mod spec_user;
+pub mod userns;

@@ -7,14 +7,22 @@
 //! hostname, brings loopback up, applies sysctls, bind-mounts `/proc/self/ns/<kind>` onto the
 //! target files and exits. Removing a pod unmounts and deletes the files.
 //!
+//! A pod with its own user namespace gets it first: a holder process unshares the user
+//! namespace together with the others (the kernel makes the user namespace first, so it owns
+//! them, which the pod's root needs to join them, mount sysfs or set the hostname), the pin
+//! child writes its id maps, enters its network, IPC and UTS namespaces to set them up, and
+//! pins all four from the holder.
+//!
 //! A pod that shares one PID namespace among its containers needs a live process as that
 //! namespace's init (a PID namespace whose init died accepts no new process). The pin child
 //! then also unshares the PID namespace and starts `berth-pod-init` ([`run_pod_init`]) in it:
 //! a detached process that only reaps orphans, pinned like the others and killed with the pod.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use super::process::HostProcess;
+use super::userns::{self, IdRange, PodIds};
 
 /// Which namespaces a pod pins, and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +35,8 @@ pub struct PinRequest {
     pub uts: Option<PathBuf>,
     /// File to pin a new PID namespace on; its init is `berth-pod-init`.
     pub pid: Option<PathBuf>,
+    /// File to pin the pod's own user namespace on, and its id mappings (None: the host's).
+    pub user: Option<(PathBuf, PodIds)>,
     /// cgroup directories the pod init joins (the pod's cgroup, one per hierarchy).
     pub cgroups: Vec<PathBuf>,
     /// Hostname to set in the new UTS namespace.
@@ -118,6 +128,11 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<HostProcess>, Pi
             cmd.arg(flag).arg(p);
         }
     }
+    if let Some((path, ids)) = &req.user {
+        cmd.arg("--user").arg(path);
+        cmd.arg("--uid-map").arg(range_arg(&ids.uids));
+        cmd.arg("--gid-map").arg(range_arg(&ids.gids));
+    }
     for dir in &req.cgroups {
         cmd.arg("--cgroup").arg(dir);
     }
@@ -155,9 +170,28 @@ pub async fn pin(exe: &Path, req: &PinRequest) -> Result<Option<HostProcess>, Pi
     ))
 }
 
+/// `CONTAINER:HOST:LENGTH`, as `pin-namespaces` takes a mapping.
+pub fn range_arg(r: &IdRange) -> String {
+    format!("{}:{}:{}", r.container_id, r.host_id, r.length)
+}
+
+/// Parses [`range_arg`]'s form.
+pub fn parse_range(arg: &str) -> Option<IdRange> {
+    let mut parts = arg.split(':').map(|p| p.parse::<u32>().ok());
+    match (parts.next()?, parts.next()?, parts.next()?, parts.next()) {
+        (Some(container_id), Some(host_id), Some(length), None) => Some(IdRange {
+            container_id,
+            host_id,
+            length,
+        }),
+        _ => None,
+    }
+}
+
 /// Unmounts and removes pinned namespace files; absent ones are fine. Idempotent.
 pub fn unpin(req: &PinRequest) {
-    for path in [&req.net, &req.ipc, &req.uts, &req.pid]
+    let user = req.user.as_ref().map(|(p, _)| p.clone());
+    for path in [&req.net, &req.ipc, &req.uts, &req.pid, &user]
         .into_iter()
         .flatten()
     {
@@ -189,12 +223,24 @@ pub fn run_pin_child(req: &PinRequest) -> Result<(), PinError> {
     if req.uts.is_some() {
         flags |= UnshareFlags::NEWUTS;
     }
-    // SAFETY: this process is single-threaded (a fresh exec of berthd that has started no
-    // runtime or thread), so unsharing moves the whole process, as intended.
-    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(|e| PinError::Step {
-        step: "unshare".into(),
-        error: e.into(),
-    })?;
+    let holder = match &req.user {
+        None => {
+            // SAFETY: this process is single-threaded (a fresh exec of berthd that has started
+            // no runtime or thread), so unsharing moves the whole process, as intended.
+            unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(|e| PinError::Step {
+                step: "unshare".into(),
+                error: e.into(),
+            })?;
+            None
+        }
+        Some((target, ids)) => {
+            let holder = Holder::start(flags | UnshareFlags::NEWUSER)?;
+            userns::write_maps(holder.pid, ids).map_err(step("mapping the pod's ids"))?;
+            holder.enter(req)?;
+            bind_namespace(&format!("/proc/{}/ns/user", holder.pid), target)?;
+            Some(holder)
+        }
+    };
     if let (Some(_), Some(h)) = (&req.uts, &req.hostname) {
         rustix::system::sethostname(h.as_bytes()).map_err(|e| PinError::Step {
             step: format!("sethostname {h}"),
@@ -214,7 +260,10 @@ pub fn run_pin_child(req: &PinRequest) -> Result<(), PinError> {
         }
     }
     if let Some(target) = &req.pid {
-        let init = start_pod_init(&req.cgroups)?;
+        let init = match &holder {
+            Some(h) => h.start_pod_init(&req.cgroups)?,
+            None => start_pod_init(&req.cgroups)?,
+        };
         let bound = bind_namespace(&format!("/proc/{init}/ns/pid"), target);
         if bound.is_err()
             && let Some(pid) = rustix::process::Pid::from_raw(init)
@@ -225,6 +274,167 @@ pub fn run_pin_child(req: &PinRequest) -> Result<(), PinError> {
         println!("{init}");
     }
     Ok(())
+}
+
+/// A child of the pin child that holds a pod's new user namespace (and the namespaces it owns)
+/// while they are set up and pinned; it exits when dropped.
+struct Holder {
+    pid: i32,
+    /// Closing it tells the holder to exit.
+    release: Option<std::os::fd::OwnedFd>,
+}
+
+impl Holder {
+    /// Forks the holder, which unshares `flags` and waits; returns once it has.
+    fn start(flags: rustix::thread::UnshareFlags) -> Result<Self, PinError> {
+        let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| PinError::Step {
+                step: "pipe".into(),
+                error: e.into(),
+            })?;
+        let (release_r, release_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| PinError::Step {
+                step: "pipe".into(),
+                error: e.into(),
+            })?;
+        // SAFETY: the pin child is single-threaded, so the forked child may run any code; it
+        // only unshares, writes one byte, reads until the parent closes its end, and exits
+        // with _exit (no destructors, no atexit handlers of the parent's state).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(PinError::Step {
+                step: "fork".into(),
+                error: std::io::Error::last_os_error(),
+            });
+        }
+        if pid == 0 {
+            drop(ready_r);
+            drop(release_w);
+            // SAFETY: this forked child is single-threaded.
+            let status = match unsafe { rustix::thread::unshare_unsafe(flags) } {
+                Ok(()) => u8::from(rustix::io::write(&ready_w, b"1").is_err()),
+                Err(_) => 1,
+            };
+            let mut byte = [0u8; 1];
+            let _ = rustix::io::read(&release_r, &mut byte);
+            // SAFETY: _exit ends the child at once, which is all it has left to do.
+            unsafe { libc::_exit(i32::from(status)) };
+        }
+        drop(ready_w);
+        drop(release_r);
+        let holder = Self {
+            pid,
+            release: Some(release_w),
+        };
+        let mut byte = [0u8; 1];
+        match rustix::io::read(&ready_r, &mut byte) {
+            Ok(1) => Ok(holder),
+            _ => Err(PinError::Child(
+                "the holder of the pod's user namespace could not unshare its namespaces".into(),
+            )),
+        }
+    }
+
+    /// Moves this process into the holder's network, IPC and UTS namespaces (those `req`
+    /// pins), staying in the host's user namespace with its privileges.
+    fn enter(&self, req: &PinRequest) -> Result<(), PinError> {
+        for (kind, wanted, ns_type) in [
+            (
+                "net",
+                req.net.is_some(),
+                rustix::thread::LinkNameSpaceType::Network,
+            ),
+            (
+                "ipc",
+                req.ipc.is_some(),
+                rustix::thread::LinkNameSpaceType::InterProcessCommunication,
+            ),
+            (
+                "uts",
+                req.uts.is_some(),
+                rustix::thread::LinkNameSpaceType::HostNameAndNISDomainName,
+            ),
+        ] {
+            if !wanted {
+                continue;
+            }
+            let path = format!("/proc/{}/ns/{kind}", self.pid);
+            let fd = std::fs::File::open(&path).map_err(step(format!("opening {path}")))?;
+            rustix::thread::move_into_link_name_space(fd.as_fd(), Some(ns_type)).map_err(|e| {
+                PinError::Step {
+                    step: format!("entering {path}"),
+                    error: e.into(),
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Starts `berth-pod-init` as pid 1 of a new PID namespace owned by the holder's user
+    /// namespace (through a short-lived child that enters it: the pin child itself must keep the
+    /// host's privileges to mount and to move the init into `cgroups`).
+    fn start_pod_init(&self, cgroups: &[PathBuf]) -> Result<i32, PinError> {
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
+            PinError::Step {
+                step: "pipe".into(),
+                error: e.into(),
+            }
+        })?;
+        let userns = format!("/proc/{}/ns/user", self.pid);
+        // SAFETY: the pin child is single-threaded, so the forked child may run any code; it
+        // ends with _exit.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            return Err(PinError::Step {
+                step: "fork".into(),
+                error: std::io::Error::last_os_error(),
+            });
+        }
+        if child == 0 {
+            drop(r);
+            let started = std::fs::File::open(&userns)
+                .ok()
+                .filter(|f| {
+                    rustix::thread::move_into_link_name_space(
+                        f.as_fd(),
+                        Some(rustix::thread::LinkNameSpaceType::User),
+                    )
+                    .is_ok()
+                })
+                .and_then(|_| start_pod_init(&[]).ok());
+            let status = match started {
+                Some(pid) => i32::from(rustix::io::write(&w, &pid.to_ne_bytes()).is_err()),
+                None => 1,
+            };
+            // SAFETY: _exit ends the child at once, which is all it has left to do.
+            unsafe { libc::_exit(status) };
+        }
+        drop(w);
+        let mut buf = [0u8; 4];
+        let got = rustix::io::read(&r, &mut buf);
+        let mut status = 0;
+        // SAFETY: `child` is our own child; waitpid only writes the status integer.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        let init = match got {
+            Ok(4) => i32::from_ne_bytes(buf),
+            _ => {
+                return Err(PinError::Child(
+                    "the pod init did not start in the pod's user namespace".into(),
+                ));
+            }
+        };
+        join_cgroups(init, cgroups)?;
+        Ok(init)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.release.take();
+        let mut status = 0;
+        // SAFETY: `pid` is our own child, released just above; waitpid only writes the status.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
 }
 
 /// Bind-mounts the namespace file `source` on `target` (created empty first).
@@ -273,6 +483,15 @@ fn start_pod_init(cgroups: &[PathBuf]) -> Result<i32, PinError> {
     }
     let child = cmd.spawn().map_err(step("starting berth-pod-init"))?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    join_cgroups(pid, cgroups)?;
+    // The child is not waited for: once this process exits it is re-parented to the host's
+    // init (or a subreaper), and lives as long as the pod.
+    std::mem::forget(child);
+    Ok(pid)
+}
+
+/// Moves process `pid` into `cgroups` (one directory per hierarchy); kills it on failure.
+fn join_cgroups(pid: i32, cgroups: &[PathBuf]) -> Result<(), PinError> {
     for dir in cgroups {
         let procs = dir.join("cgroup.procs");
         if let Err(e) = std::fs::write(&procs, pid.to_string()) {
@@ -285,10 +504,7 @@ fn start_pod_init(cgroups: &[PathBuf]) -> Result<i32, PinError> {
             });
         }
     }
-    // The child is not waited for: once this process exits it is re-parented to the host's
-    // init (or a subreaper), and lives as long as the pod.
-    std::mem::forget(child);
-    Ok(pid)
+    Ok(())
 }
 
 /// The body of `berth-pod-init`: pid 1 of a pod's shared PID namespace. Reaps whatever is

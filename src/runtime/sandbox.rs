@@ -20,6 +20,7 @@ use super::names::{self, NameRegistry, Reservation};
 use super::pin::{self, PinRequest};
 use super::process::HostProcess;
 use super::sandbox_files;
+use super::userns::{self, PodIds};
 use crate::net::{NetError, NetManager};
 use crate::store::{RecordTable, SANDBOXES, Store};
 
@@ -32,6 +33,9 @@ pub enum SandboxError {
     /// No such sandbox.
     #[error("pod sandbox {0} not found")]
     NotFound(String),
+    /// The host lacks what the request needs.
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// The name is held by a different sandbox.
     #[error("pod sandbox name {name} is already in use by sandbox {id}")]
     NameInUse { name: String, id: String },
@@ -79,6 +83,11 @@ pub struct SandboxRecord {
     /// The init of `pid_ns`.
     #[serde(default)]
     pub pod_init: Option<HostProcess>,
+    /// The pod's own user namespace (user namespace mode POD), pinned, and its id mappings.
+    #[serde(default)]
+    pub user_ns: Option<PathBuf>,
+    #[serde(default)]
+    pub user_ids: Option<PodIds>,
     /// The pod's /dev/shm (a tmpfs) unless it shares the host's IPC.
     pub shm: Option<PathBuf>,
     pub cgroup_parent: String,
@@ -112,6 +121,11 @@ impl SandboxRecord {
             ipc: if rest { self.ipc_ns.clone() } else { None },
             uts: if rest { self.uts_ns.clone() } else { None },
             pid: if net { self.pid_ns.clone() } else { None },
+            user: if rest {
+                self.user_ns.clone().zip(self.user_ids)
+            } else {
+                None
+            },
             ..Default::default()
         }
     }
@@ -361,6 +375,25 @@ impl SandboxManager {
         let host_net = ns.network == cri::NamespaceMode::Node as i32;
         let host_ipc = ns.ipc == cri::NamespaceMode::Node as i32;
         let pod_pid = ns.pid == cri::NamespaceMode::Pod as i32;
+        let user_ids = userns::from_cri(ns.userns_options.as_ref())
+            .map_err(|e| SandboxError::InvalidArgument(format!("RunPodSandbox: {e}")))?;
+        if user_ids.is_some() && !userns::supported() {
+            return Err(SandboxError::FailedPrecondition(
+                "RunPodSandbox: pods with their own user namespace need idmapped mounts, which this host does not support (see berthd's log)".into(),
+            ));
+        }
+        if user_ids.is_some() {
+            let host = [
+                (host_net, "network"),
+                (host_ipc, "IPC"),
+                (ns.pid == cri::NamespaceMode::Node as i32, "PID"),
+            ];
+            if let Some((_, what)) = host.iter().find(|(on, _)| *on) {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "RunPodSandbox: a pod with its own user namespace cannot use the host's {what} namespace"
+                )));
+            }
+        }
         let dir = self.state_dir.join("sandboxes").join(&id);
         let mut rec = SandboxRecord {
             id: id.clone(),
@@ -376,6 +409,8 @@ impl SandboxManager {
             uts_ns: (!host_net).then(|| dir.join("utsns")),
             pid_ns: pod_pid.then(|| dir.join("pidns")),
             pod_init: None,
+            user_ns: user_ids.map(|_| dir.join("userns")),
+            user_ids,
             shm: (!host_ipc).then(|| dir.join("shm")),
             dir,
             cgroup_parent,
@@ -393,7 +428,10 @@ impl SandboxManager {
             .lock()
             .instrument(debug_span!("sandbox_lock"))
             .await;
-        let mut built = self.make_cgroups(&mut rec).and_then(|()| self.save(&rec));
+        let mut built = self
+            .check_user_ids(&rec, &meta.uid)
+            .and_then(|()| self.make_cgroups(&mut rec))
+            .and_then(|()| self.save(&rec));
         drop(guard);
         if built.is_ok() {
             let span = debug_span!("build_sandbox", sandbox = %rec.id);
@@ -432,6 +470,37 @@ impl SandboxManager {
                 Err(e)
             }
         }
+    }
+
+    /// Refuses user-namespace mappings whose host ids another pod's sandbox uses (sandboxes of
+    /// the same pod, its earlier attempts, share its ids). Call with the lock held.
+    fn check_user_ids(&self, rec: &SandboxRecord, pod_uid: &str) -> Result<(), SandboxError> {
+        let Some(ids) = &rec.user_ids else {
+            return Ok(());
+        };
+        for other in self.table.all() {
+            let Some(theirs) = &other.user_ids else {
+                continue;
+            };
+            let their_uid = other
+                .config_ref()
+                .metadata
+                .as_ref()
+                .map(|m| m.uid.as_str())
+                .unwrap_or_default();
+            if other.id != rec.id && their_uid != pod_uid && ids.overlaps(theirs) {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "RunPodSandbox: user namespace host ids {}+{} (uids) / {}+{} (gids) overlap those of pod sandbox {} ({})",
+                    ids.uids.host_id,
+                    ids.uids.length,
+                    ids.gids.host_id,
+                    ids.gids.length,
+                    other.id,
+                    other.name
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The pod cgroup (before the pod init, which starts inside it; the record saved next
@@ -513,6 +582,7 @@ impl SandboxManager {
             ipc: rec.ipc_ns.clone(),
             uts: rec.uts_ns.clone(),
             pid: rec.pid_ns.clone(),
+            user: rec.user_ns.clone().zip(rec.user_ids),
             cgroups: if rec.cgroup_parent.is_empty() {
                 Vec::new()
             } else {
@@ -521,7 +591,12 @@ impl SandboxManager {
             hostname: rec.uts_ns.as_ref().map(|_| hostname.clone()),
             sysctls,
         };
-        if pins.net.is_some() || pins.ipc.is_some() || pins.uts.is_some() || pins.pid.is_some() {
+        if pins.net.is_some()
+            || pins.ipc.is_some()
+            || pins.uts.is_some()
+            || pins.pid.is_some()
+            || pins.user.is_some()
+        {
             rec.pod_init = pin::pin(&self.exe, &pins)
                 .instrument(debug_span!("pin_namespaces"))
                 .await

@@ -20,9 +20,9 @@ use k8s_cri::v1 as cri;
 use oci_spec::runtime::{
     Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDevice,
     LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
-    LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder,
-    LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccomp, Mount, MountBuilder, ProcessBuilder,
-    RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxHugepageLimitBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespace,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccomp, Mount,
+    MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 use super::spec_seccomp;
@@ -193,6 +193,8 @@ pub struct SandboxPaths {
     pub pid_ns: Option<PathBuf>,
     /// PID namespace of the target container (PID mode TARGET).
     pub target_pid_ns: Option<PathBuf>,
+    /// The pod's own user namespace and its id mappings (user namespace mode POD).
+    pub user_ns: Option<(PathBuf, super::userns::PodIds)>,
 }
 
 /// Everything `generate` needs.
@@ -356,6 +358,19 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
     }
     if let Some(p) = rootfs_propagation {
         linux_builder = linux_builder.rootfs_propagation(p);
+    }
+    if let Some((_, ids)) = &input.sandbox_paths.user_ns {
+        // The namespace is joined by path; the mappings say what it maps.
+        let map = |r: &super::userns::IdRange| {
+            LinuxIdMappingBuilder::default()
+                .container_id(r.container_id)
+                .host_id(r.host_id)
+                .size(r.length)
+                .build()
+        };
+        linux_builder = linux_builder
+            .uid_mappings(vec![map(&ids.uids)?])
+            .gid_mappings(vec![map(&ids.gids)?]);
     }
 
     let spec_builder = SpecBuilder::default()
@@ -604,6 +619,10 @@ fn namespaces(
 ) -> Result<Vec<LinuxNamespace>, SpecError> {
     use cri::NamespaceMode as M;
     let mut out = vec![ns(LinuxNamespaceType::Mount, None)?];
+    // The user namespace first: the others are the pod's, owned by it.
+    if let Some((path, _)) = &paths.user_ns {
+        out.push(ns(LinuxNamespaceType::User, Some(path))?);
+    }
     let join = |typ, mode: i32, path: &Option<PathBuf>, what: &'static str| {
         if mode == M::Node as i32 {
             Ok(None)

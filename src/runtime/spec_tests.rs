@@ -30,6 +30,7 @@ fn sandbox_paths() -> SandboxPaths {
         uts_ns: Some("/run/berth/sb/ns/uts".into()),
         pid_ns: Some("/run/berth/sb/ns/pid".into()),
         target_pid_ns: None,
+        user_ns: None,
     }
 }
 
