@@ -3,6 +3,7 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
+use std::process::Command;
 
 use berth::runtime::pin::{PinError, PinRequest, pin, unpin};
 use common::{TempDir, mounted, nsenter};
@@ -15,6 +16,7 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
         ipc: Some(dir.path().join("ipcns")),
         uts: Some(dir.path().join("utsns")),
         pid: Some(dir.path().join("pidns")),
+        user: None,
         cgroups: Vec::new(),
         hostname: Some("pod-a".into()),
         sysctls: vec![
@@ -81,6 +83,94 @@ async fn pod_namespaces_are_pinned_configured_and_removed() {
     assert!(!init.is_running());
     for p in [&net, &ipc, &uts, &pid] {
         assert!(!p.exists() && !mounted(p), "{} removed", p.display());
+    }
+}
+
+/// A pod with its own user namespace: the user namespace is pinned with the pod's mappings and
+/// owns the pod's other namespaces, so a process in it (the pod's root) can join them.
+#[tokio::test]
+async fn a_user_namespace_owns_the_pods_other_namespaces() {
+    use berth::runtime::userns::{IdRange, PodIds};
+    let dir = TempDir::new("pin-userns");
+    let ids = PodIds {
+        uids: IdRange {
+            container_id: 0,
+            host_id: 300_000,
+            length: 65536,
+        },
+        gids: IdRange {
+            container_id: 0,
+            host_id: 400_000,
+            length: 65536,
+        },
+    };
+    let req = PinRequest {
+        net: Some(dir.path().join("netns")),
+        ipc: Some(dir.path().join("ipcns")),
+        uts: Some(dir.path().join("utsns")),
+        pid: Some(dir.path().join("pidns")),
+        user: Some((dir.path().join("userns"), ids)),
+        hostname: Some("pod-u".into()),
+        sysctls: vec![("net.ipv4.ip_unprivileged_port_start".into(), "81".into())],
+        ..Default::default()
+    };
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_berthd"));
+    let init = pin(exe, &req).await.expect("pin").expect("a pod init");
+    struct Unpin<'a>(&'a PinRequest, berth::runtime::process::HostProcess);
+    impl Drop for Unpin<'_> {
+        fn drop(&mut self) {
+            self.1.kill();
+            unpin(self.0);
+        }
+    }
+    let guard = Unpin(&req, init);
+    let user = dir.path().join("userns");
+    assert!(mounted(&user));
+    // The pod init runs in the pinned user namespace, which maps the pod's ids.
+    let init_user = std::fs::metadata(format!("/proc/{}/ns/user", init.pid)).expect("init ns");
+    assert_eq!(
+        init_user.ino(),
+        std::fs::metadata(&user).expect("userns").ino()
+    );
+    let maps = |f: &str| {
+        std::fs::read_to_string(format!("/proc/{}/{f}", init.pid))
+            .expect("map")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(maps("uid_map"), "0 300000 65536");
+    assert_eq!(maps("gid_map"), "0 400000 65536");
+    // Inside the user namespace (as its root), joining the pod's namespaces works only because
+    // they are owned by it; the host's UTS namespace would be refused.
+    let u = format!("--user={}", user.display());
+    let n = format!("--net={}", dir.path().join("netns").display());
+    let t = format!("--uts={}", dir.path().join("utsns").display());
+    let p = format!("--pid={}", dir.path().join("pidns").display());
+    assert_eq!(
+        nsenter(&[
+            &u,
+            &n,
+            &t,
+            &p,
+            "sh",
+            "-c",
+            "id -u; hostname; cat /proc/sys/net/ipv4/ip_unprivileged_port_start"
+        ]),
+        "0\npod-u\n81"
+    );
+    let host_uts = Command::new("nsenter")
+        .args([&u, "--uts=/proc/1/ns/uts", "true"])
+        .output()
+        .expect("nsenter");
+    assert!(
+        !host_uts.status.success(),
+        "the host's UTS namespace is not the pod root's to join"
+    );
+    drop(guard);
+    for f in ["netns", "ipcns", "utsns", "pidns", "userns"] {
+        let p = dir.path().join(f);
+        assert!(!p.exists() && !mounted(&p), "{} removed", p.display());
     }
 }
 

@@ -108,6 +108,8 @@ struct Cli {
     command: Option<Command>,
 }
 
+// Parsed once per process: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Configuration helpers.
