@@ -12,7 +12,8 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     let busybox = image("busybox");
     let pulled = pull(&c, &busybox).await.expect("pull");
     // Status says what Berth supports: recursive read-only mounts (this kernel has
-    // mount_setattr), the supplemental-groups policies.
+    // mount_setattr), pods with their own user namespace (idmapped mounts work here), the
+    // supplemental-groups policies.
     let st = c
         .runtime()
         .status(cri::StatusRequest { verbose: false })
@@ -23,7 +24,7 @@ async fn a_container_runs_logs_and_reports_its_exit() {
     assert_eq!(st.runtime_handlers[0].name, "");
     let handler = st.runtime_handlers[0].features.expect("handler features");
     assert!(handler.recursive_read_only_mounts, "{st:?}");
-    assert!(!handler.user_namespaces, "{st:?}");
+    assert!(handler.user_namespaces, "{st:?}");
     assert!(st.features.is_some_and(|f| f.supplemental_groups_policy));
     let logs = d.dir.path().join("logs");
     let sandbox_cfg = pod_config("runner", &logs, cri::NamespaceMode::Container);
@@ -59,7 +60,12 @@ async fn a_container_runs_logs_and_reports_its_exit() {
         listed[0].state,
         cri::ContainerState::ContainerCreated as i32
     );
-    // image_id is the image's id, as PullImage answered, in the list and in the status.
+    // image_id is the image's id, as PullImage answered and ImageStatus shows it, in the list
+    // and in the status.
+    assert_eq!(
+        status(&c, &busybox).await.map(|i| i.id),
+        Some(pulled.clone())
+    );
     assert_eq!(listed[0].image_id, pulled);
     assert_eq!(
         container_status(&c, &id).await.expect("status").image_id,
