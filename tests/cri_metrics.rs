@@ -129,7 +129,10 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
     let logs = d.dir.path().join("logs");
     let mut pod_cfg = pod_config("metrics", &logs, cri::NamespaceMode::Container);
     let parent = format!("/berth-test-metrics-{}", std::process::id());
-    pod_cfg.linux.get_or_insert_with(Default::default).cgroup_parent = parent.clone();
+    pod_cfg
+        .linux
+        .get_or_insert_with(Default::default)
+        .cgroup_parent = parent.clone();
     let pod = run_pod(&c, &pod_cfg).await;
     let mut config = sh_container(
         "sleeper",
@@ -200,7 +203,13 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
     for metric in &cm.metrics {
         assert_eq!(
             metric.label_values[..5],
-            ["metrics", "default", "sleeper", id.as_str(), busybox.as_str()],
+            [
+                "metrics",
+                "default",
+                "sleeper",
+                id.as_str(),
+                busybox.as_str()
+            ],
             "{}",
             metric.name
         );
@@ -245,10 +254,7 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
     assert!(v("container_file_descriptors") >= 3);
     assert_eq!(v("container_oom_events_total"), 0);
     let usage = v("container_memory_usage_bytes");
-    let (lo, hi) = (
-        usage_before.min(usage_after),
-        usage_before.max(usage_after),
-    );
+    let (lo, hi) = (usage_before.min(usage_after), usage_before.max(usage_after));
     assert!(
         usage + (1 << 20) >= lo && usage <= hi + (1 << 20),
         "memory usage {usage} read between {usage_before} and {usage_after}"
@@ -284,7 +290,9 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
         })
         .await
         .expect("stop");
-    let m = pod_metrics(&c, &pod).await.expect("the pod is still listed");
+    let m = pod_metrics(&c, &pod)
+        .await
+        .expect("the pod is still listed");
     assert!(m.container_metrics.is_empty(), "{m:?}");
     remove_pod(&c, &pod).await;
     for dir in layout.dirs(&parent) {
