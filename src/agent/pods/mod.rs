@@ -10,4 +10,5 @@ pub mod registry;
 pub mod status;
 pub mod status_manager;
 pub mod terminate;
+pub mod userns;
 pub mod worker;

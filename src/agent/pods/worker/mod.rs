@@ -89,6 +89,8 @@ pub struct PodWorker {
     api: Option<ApiObjects>,
     /// When the volumes of API objects were last written.
     volumes_refreshed: Instant,
+    /// The pod's own user namespace (`hostUsers: false`), once allocated.
+    userns: Option<cri::UserNamespace>,
 }
 
 /// What a pod's source asks of its worker.
@@ -98,6 +100,16 @@ pub enum Desire {
     Run,
     /// Stop it within `grace_secs` (None: the pod's terminationGracePeriodSeconds).
     Stop { grace_secs: Option<i64> },
+}
+
+/// Puts the pod's own user namespace (if it has one) in a sandbox's namespace options.
+fn with_userns(sc: &mut cri::LinuxSandboxSecurityContext, userns: &Option<cri::UserNamespace>) {
+    if userns.is_some() {
+        sc.namespace_options
+            .get_or_insert_with(Default::default)
+            .userns_options
+            .clone_from(userns);
+    }
 }
 
 /// Back-off key of sandbox creation (container names cannot contain '/').
@@ -135,6 +147,7 @@ impl PodWorker {
             ended: None,
             api: ctx_cluster.map(ApiObjects::new),
             volumes_refreshed: Instant::now(),
+            userns: None,
         }
     }
 
@@ -482,7 +495,13 @@ impl PodWorker {
                 .clone()
                 .unwrap_or_else(|| "RunPodSandbox failed".into()));
         }
-        let cfg = sandbox_config(
+        if !super::userns::host_users(self.pod()) && self.userns.is_none() {
+            self.userns = Some(super::userns::pod_user_namespace(
+                &self.ctx.pods_dir,
+                &self.desired.uid,
+            )?);
+        }
+        let mut cfg = sandbox_config(
             self.pod(),
             &self.desired.hash,
             attempt,
@@ -490,6 +509,13 @@ impl PodWorker {
             &self.ctx.node.name,
             &self.ctx.cgroup_root,
             &self.cluster_dns(),
+        );
+        with_userns(
+            cfg.linux
+                .get_or_insert_with(Default::default)
+                .security_context
+                .get_or_insert_with(Default::default),
+            &self.userns,
         );
         if let Some(policy) = missing_cluster_dns(&self.spec(), &self.cluster_dns()) {
             self.event(
@@ -727,7 +753,18 @@ impl PodWorker {
                 return;
             }
         }
-        let sandbox_config = sandbox_config(
+        if !super::userns::host_users(self.pod()) && self.userns.is_none() {
+            // A sandbox adopted after a restart: its range, as recorded.
+            match super::userns::pod_user_namespace(&self.ctx.pods_dir, &self.desired.uid) {
+                Ok(u) => self.userns = Some(u),
+                Err(e) => {
+                    self.set_waiting(&c.name, "CreateContainerConfigError", e);
+                    self.create_failed.insert(c.name.clone(), now);
+                    return;
+                }
+            }
+        }
+        let mut sandbox_config = sandbox_config(
             self.pod(),
             &self.desired.hash,
             self.sandbox.as_ref().map(|s| s.1).unwrap_or(0),
@@ -736,6 +773,23 @@ impl PodWorker {
             &self.ctx.cgroup_root,
             &self.cluster_dns(),
         );
+        with_userns(
+            sandbox_config
+                .linux
+                .get_or_insert_with(Default::default)
+                .security_context
+                .get_or_insert_with(Default::default),
+            &self.userns,
+        );
+        if let Some(sc) = config
+            .linux
+            .get_or_insert_with(Default::default)
+            .security_context
+            .as_mut()
+        {
+            let ns = sc.namespace_options.get_or_insert_with(Default::default);
+            ns.userns_options.clone_from(&self.userns);
+        }
         if previous.is_some() {
             self.backoff.next(&c.name, now);
         }
