@@ -25,8 +25,18 @@ pub struct Config {
     pub cni: CniConfig,
     /// The streaming server (exec, attach, port-forward).
     pub stream: StreamConfig,
+    /// berthd's Prometheus endpoint.
+    pub metrics: MetricsConfig,
     /// The embedded node agent (static pods, probes, node status).
     pub agent: crate::agent::config::AgentConfig,
+}
+
+/// berthd's Prometheus endpoint (off unless an address is given).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `HOST:PORT` serving `/metrics` (e.g. `127.0.0.1:1338`); empty: no endpoint.
+    pub address: String,
 }
 
 /// The streaming server's address, timeouts and optional TLS.
@@ -108,6 +118,7 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             cni: CniConfig::default(),
             stream: StreamConfig::default(),
+            metrics: MetricsConfig::default(),
             agent: Default::default(),
         }
     }

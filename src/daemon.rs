@@ -124,6 +124,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             cluster,
         );
     }
+    if !config.metrics.address.is_empty() {
+        let state = crate::metrics::state_collector::StateCollector::new(
+            containers.clone(),
+            sandboxes.clone(),
+            images.clone(),
+        );
+        let registry = crate::metrics::prometheus::runtime_registry(vec![Box::new(state)]);
+        let bound = crate::metrics::endpoint::serve(&config.metrics.address, registry).await?;
+        std::fs::write(config.state_dir.join("metrics-endpoint"), bound.to_string())
+            .context("writing the metrics endpoint's address")?;
+    }
     cri::serve(
         lock,
         &config.socket,

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod gc;
+pub mod metrics;
 pub mod node;
 pub mod node_server;
 pub mod pods;
@@ -193,6 +194,7 @@ pub async fn start(
             ctx: ctx.clone(),
             node: node_status.clone(),
             shutdown: shutdown_manager.clone(),
+            metrics: metrics::registry(ctx.clone()),
         }),
     ));
     let shutdown_groups = shutdown::groups(cfg);

@@ -1,6 +1,7 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
 //! `/node`, `/node/reports`, `/gc` (garbage collection counters), `/manifests` (per-file
-//! manifest errors and warnings) and `/configz` (the effective agent configuration); `POST /node/shutdown` (from loopback only) starts a graceful
+//! manifest errors and warnings), `/configz` (the effective agent configuration) and `/metrics`
+//! (Prometheus); `POST /node/shutdown` (from loopback only) starts a graceful
 //! node shutdown and answers with its report when every pod has ended.
 
 use std::convert::Infallible;
@@ -25,6 +26,8 @@ pub struct Endpoint {
     pub node: Arc<NodeStatus>,
     /// Graceful node shutdown.
     pub shutdown: Arc<ShutdownManager>,
+    /// The agent's Prometheus metrics.
+    pub metrics: prometheus_client::registry::Registry,
 }
 
 /// Serves the endpoint on `listener` forever.
@@ -49,6 +52,13 @@ pub async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
                         return Ok::<_, Infallible>(
                             shutdown(&endpoint, peer.ip().is_loopback()).await,
                         );
+                    }
+                    if req.uri().path() == "/metrics" {
+                        return Ok(crate::metrics::endpoint::respond(
+                            &endpoint.metrics,
+                            req.method(),
+                            "/metrics",
+                        ));
                     }
                     Ok(route(&req, &endpoint.ctx, &endpoint.node))
                 }

@@ -52,6 +52,10 @@ struct Cli {
     /// Streaming server (exec, attach, port-forward) address; port 0 picks a free port.
     #[arg(long, value_name = "HOST:PORT")]
     stream_address: Option<String>,
+    /// Serve Prometheus metrics at HOST:PORT/metrics (overrides metrics.address); port 0 picks
+    /// a free port, written to <state-dir>/metrics-endpoint.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_address: Option<String>,
     /// Do not run the embedded node agent (as when a kubelet drives berthd).
     #[arg(long)]
     no_agent: bool,
@@ -203,6 +207,9 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = cli.cni_plugin_timeout {
         cfg.cni.plugin_timeout_secs = v;
+    }
+    if let Some(v) = &cli.metrics_address {
+        cfg.metrics.address = v.clone();
     }
     if let Some(v) = &cli.stream_address {
         cfg.stream.address = v.clone();

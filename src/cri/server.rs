@@ -95,6 +95,7 @@ async fn with_deadline(
         .and_then(parse_grpc_timeout);
     let list = encoded_lists::route(&path);
     let span = tracing::debug_span!("cri", method = %path);
+    let started = std::time::Instant::now();
     let call = tracing::Instrument::instrument(
         async move {
             if let Some(list) = list {
@@ -110,7 +111,7 @@ async fn with_deadline(
         },
         span,
     );
-    match deadline {
+    let answer = match deadline {
         None => call.await,
         Some(d) => match tokio::time::timeout(d, call).await {
             Ok(resp) => resp,
@@ -122,7 +123,23 @@ async fn with_deadline(
                 )
             }
         },
+    };
+    if let Ok(resp) = &answer {
+        // An error comes in the headers (trailers only); a unary answer is ready by now, and
+        // its status, in the trailers, is OK.
+        let code = resp
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+            .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+        crate::metrics::prometheus::runtime().cri_call(
+            &path,
+            code,
+            started.elapsed().as_secs_f64(),
+        );
     }
+    answer
 }
 
 /// The CRI services (v1 and v1alpha2) as one router.

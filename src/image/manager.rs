@@ -194,6 +194,7 @@ impl ImageManager {
                     let progress = Arc::new(PullProgress::default());
                     let inner = self.inner.clone();
                     let key2 = key.clone();
+                    let started = std::time::Instant::now();
                     let task =
                         tokio::spawn(inner.clone().pull(image.clone(), creds, progress.clone()));
                     let manager = self.clone();
@@ -202,6 +203,17 @@ impl ImageManager {
                             Ok(r) => r.map_err(Arc::new),
                             Err(e) => Err(Arc::new(ImageError::internal("pull task", e))),
                         };
+                        let metrics = crate::metrics::prometheus::runtime();
+                        let outcome = if result.is_ok() { "success" } else { "failure" };
+                        metrics
+                            .pulls
+                            .get_or_create(&[("result", outcome.to_string())])
+                            .inc();
+                        if result.is_ok() {
+                            metrics
+                                .pull_seconds
+                                .observe(started.elapsed().as_secs_f64());
+                        }
                         if result.is_err() {
                             // Manifests and configs a failed pull stored belong to no image.
                             let _gc = manager.inner.gc_lock.write().await;

@@ -537,6 +537,9 @@ impl Inner {
             }
             hasher.update(&chunk);
             progress.layer_bytes(index, chunk.len() as u64);
+            crate::metrics::prometheus::runtime()
+                .pull_bytes
+                .inc_by(chunk.len() as u64);
             if tx.send(chunk).await.is_err() {
                 break; // the unpacker stopped: its error is reported below
             }
@@ -600,6 +603,9 @@ fn unpack_stream(
 ) -> Result<String, ImageError> {
     let buffered = std::io::BufReader::with_capacity(256 * 1024, reader);
     let (_stats, diff_id) = unpack::unpack_layer_with_diff_id(buffered, compression, dest)
+        .inspect(|_| {
+            crate::metrics::prometheus::runtime().layers_unpacked.inc();
+        })
         .map_err(|e| match e {
             unpack::UnpackError::Escape { .. } => ImageError::Hostile {
                 image: image.to_string(),

@@ -4,7 +4,11 @@
 pub mod cgroup_metrics;
 pub mod cgroup_stats;
 pub mod disk_cache;
+pub mod endpoint;
 pub mod net_dev;
+pub mod process;
+pub mod prometheus;
+pub mod state_collector;
 
 pub use cgroup_stats::{CgroupStats, CpuSampler, MemoryStats, SwapStats};
 pub use disk_cache::DiskCache;

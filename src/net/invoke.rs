@@ -159,8 +159,28 @@ impl Invoker {
             })
     }
 
-    /// Runs plugin `ty` with `stdin`; ADD's stdout must be a JSON object.
+    /// Runs plugin `ty` with `stdin`; ADD's stdout must be a JSON object. Counted, with its
+    /// time, in berthd's metrics.
     pub async fn exec(
+        &self,
+        ty: &str,
+        stdin: &Value,
+        inv: &Invocation<'_>,
+    ) -> Result<Output, PluginError> {
+        let started = Instant::now();
+        let out = self.run(ty, stdin, inv).await;
+        let result = if out.is_ok() { "success" } else { "failure" };
+        crate::metrics::prometheus::runtime()
+            .cni_seconds
+            .get_or_create(&[
+                ("operation", inv.op.as_str().to_string()),
+                ("result", result.to_string()),
+            ])
+            .observe(started.elapsed().as_secs_f64());
+        out
+    }
+
+    async fn run(
         &self,
         ty: &str,
         stdin: &Value,

@@ -185,6 +185,11 @@ impl ContainerManager {
             tracing::info!(container = %rec.id, "container ended while berthd was down");
         }
         let ended = init.is_gone() || shim.is_gone();
+        if !shim.is_gone() {
+            crate::metrics::prometheus::runtime()
+                .shims_reconnected
+                .inc();
+        }
         self.spawn_watcher(&rec.id, shim, init, ended);
     }
 
@@ -235,6 +240,7 @@ impl ContainerManager {
                     _ => {
                         // No one controls the container any more: end it, say what happened.
                         tracing::warn!(container = %rec.id, "the shim of the container exited: killing the container's processes");
+                        crate::metrics::prometheus::runtime().shims_died.inc();
                         self.kill_cgroup(&rec);
                         unknown_exit(format!(
                             "the shim of container {} exited while the container ran; its processes were killed",
@@ -291,6 +297,9 @@ impl ContainerManager {
         match updated {
             Ok(Some(rec)) => {
                 tracing::info!(container = %id, exit_code = code, "container exited");
+                if rec.exit.as_ref().is_some_and(|e| e.reason == "OOMKilled") {
+                    crate::metrics::prometheus::runtime().oom_kills.inc();
+                }
                 self.emit(EventKind::Stopped, rec.clone(), recovered);
                 self.spawn_retire(rec);
             }

@@ -321,6 +321,8 @@ impl StreamServer {
         tokio::spawn(async move {
             match on_upgrade.await {
                 Ok(up) => {
+                    let _open =
+                        crate::metrics::prometheus::runtime().stream_session(pending.kind());
                     let activity = Activity::default();
                     let session = spdy::Session::start(TokioIo::new(up), activity.clone());
                     match pending {
@@ -391,6 +393,8 @@ impl StreamServer {
         tokio::spawn(async move {
             match on_upgrade.await {
                 Ok(up) => {
+                    let _open =
+                        crate::metrics::prometheus::runtime().stream_session(pending.kind());
                     let io = TokioIo::new(up);
                     match pending {
                         Pending::PortForward(p) => {

@@ -184,6 +184,10 @@ impl Manager {
                 grace_secs: Some(grace_secs),
             },
         );
+        crate::agent::metrics::agent()
+            .evictions
+            .get_or_create(&[("signal", signal.to_string())])
+            .inc();
         if let Ok(mut r) = self.shared.report.lock() {
             r.evictions.push(EvictionRecord {
                 pod,

@@ -24,6 +24,17 @@ pub enum ProbeKind {
     Readiness,
 }
 
+impl ProbeKind {
+    /// The kind as the kubelet's metrics name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProbeKind::Startup => "Startup",
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Readiness => "Readiness",
+        }
+    }
+}
+
 /// A probe's verdict after its thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeResult {
@@ -117,6 +128,18 @@ async fn run(
             Ok(r) => r,
             Err(_) => Err(format!("timed out after {}s", timeout.as_secs())),
         };
+        let result = if outcome.is_ok() {
+            "success"
+        } else {
+            "failure"
+        };
+        crate::agent::metrics::agent()
+            .probe_results
+            .get_or_create(&[
+                ("probe_type", kind.name().to_string()),
+                ("result", result.to_string()),
+            ])
+            .inc();
         match outcome {
             Ok(()) => {
                 failures = 0;
