@@ -1,6 +1,12 @@
-//! CheckpointContainer's precondition: CRIU, present and able to run on this kernel.
+//! CRI CheckpointContainer: checkpoints need CRIU, present and able to run on this kernel;
+//! until then the call answers FailedPrecondition with CRIU's reason.
 
 use std::sync::OnceLock;
+
+use k8s_cri::v1 as cri;
+use tonic::{Request, Response, Status};
+
+use super::runtime_service::RuntimeApi;
 
 /// Why CRIU cannot checkpoint here, in words for the caller: it is not installed, or
 /// `criu check` fails (its last error line). Asked once per berthd. Blocking.
@@ -37,4 +43,19 @@ pub fn criu_unusable() -> String {
             }
         })
         .clone()
+}
+
+pub(super) async fn checkpoint_container(
+    api: &RuntimeApi,
+    request: Request<cri::CheckpointContainerRequest>,
+) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
+    let id = &request.get_ref().container_id;
+    let rec = api.containers.running(id, "CheckpointContainer")?;
+    let reason = tokio::task::spawn_blocking(criu_unusable)
+        .await
+        .map_err(|e| Status::internal(format!("CheckpointContainer: {e}")))?;
+    Err(Status::failed_precondition(format!(
+        "CheckpointContainer {}: checkpoints need CRIU, and {reason}",
+        rec.id
+    )))
 }

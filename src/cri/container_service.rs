@@ -1,10 +1,14 @@
-//! CRI container messages from Berth's container records.
+//! CRI container calls: CreateContainer, StartContainer, StopContainer, RemoveContainer,
+//! ContainerStatus, ListContainers, UpdateContainerResources and ReopenContainerLog, and the
+//! messages they answer from Berth's container records.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_cri::v1 as cri;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
+use super::runtime_service::{RuntimeApi, to_completion};
 use crate::image::ImageManager;
 use crate::runtime::container::{ContainerError, ContainerRecord, ContainerState, cri_state};
 use crate::runtime::container_create::{CreateError, volumes};
@@ -174,4 +178,85 @@ pub fn status(
         status: Some(status),
         info,
     }
+}
+
+pub(super) async fn create_container(
+    api: &RuntimeApi,
+    request: Request<cri::CreateContainerRequest>,
+) -> Result<Response<cri::CreateContainerResponse>, Status> {
+    let containers = api.containers.clone();
+    let req = Arc::new(request.into_inner());
+    let container_id = to_completion(async move { Ok(containers.create(req).await?) }).await?;
+    Ok(Response::new(cri::CreateContainerResponse { container_id }))
+}
+
+pub(super) async fn start_container(
+    api: &RuntimeApi,
+    request: Request<cri::StartContainerRequest>,
+) -> Result<Response<cri::StartContainerResponse>, Status> {
+    api.containers
+        .start(&request.get_ref().container_id)
+        .await?;
+    Ok(Response::new(cri::StartContainerResponse {}))
+}
+
+/// Stopping an unknown or exited container succeeds, as the CRI requires.
+pub(super) async fn stop_container(
+    api: &RuntimeApi,
+    request: Request<cri::StopContainerRequest>,
+) -> Result<Response<cri::StopContainerResponse>, Status> {
+    let req = request.get_ref();
+    api.containers.stop(&req.container_id, req.timeout).await?;
+    Ok(Response::new(cri::StopContainerResponse {}))
+}
+
+/// Removing an unknown container succeeds, as the CRI requires.
+pub(super) async fn remove_container(
+    api: &RuntimeApi,
+    request: Request<cri::RemoveContainerRequest>,
+) -> Result<Response<cri::RemoveContainerResponse>, Status> {
+    api.containers
+        .remove(&request.get_ref().container_id)
+        .await?;
+    Ok(Response::new(cri::RemoveContainerResponse {}))
+}
+
+pub(super) async fn container_status(
+    api: &RuntimeApi,
+    request: Request<cri::ContainerStatusRequest>,
+) -> Result<Response<cri::ContainerStatusResponse>, Status> {
+    let req = request.get_ref();
+    let rec = api.containers.status(&req.container_id)?;
+    Ok(Response::new(status(&rec, &api.images, req.verbose)))
+}
+
+pub(super) async fn list_containers(
+    api: &RuntimeApi,
+    request: Request<cri::ListContainersRequest>,
+) -> Result<Response<cri::ListContainersResponse>, Status> {
+    let recs = api.containers.list(request.get_ref().filter.as_ref());
+    Ok(Response::new(cri::ListContainersResponse {
+        containers: recs.iter().map(|r| to_list_item(r)).collect(),
+    }))
+}
+
+pub(super) async fn update_container_resources(
+    api: &RuntimeApi,
+    request: Request<cri::UpdateContainerResourcesRequest>,
+) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
+    let req = request.get_ref();
+    api.containers
+        .update_resources(&req.container_id, req.linux.as_ref(), api.stats.layout())
+        .await?;
+    Ok(Response::new(cri::UpdateContainerResourcesResponse {}))
+}
+
+pub(super) async fn reopen_container_log(
+    api: &RuntimeApi,
+    request: Request<cri::ReopenContainerLogRequest>,
+) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
+    api.containers
+        .reopen_log(&request.get_ref().container_id)
+        .await?;
+    Ok(Response::new(cri::ReopenContainerLogResponse {}))
 }

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use k8s_cri::v1 as cri;
 use tokio::sync::broadcast::error::RecvError;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
+use super::runtime_service::RuntimeApi;
 use super::{container_service, sandbox_service};
 use crate::image::ImageManager;
 use crate::runtime::events::{ContainerEvent, EventBus, EventKind};
@@ -98,4 +99,11 @@ impl EventSource {
                 .collect(),
         }
     }
+}
+
+pub(super) async fn get_container_events(
+    api: &RuntimeApi,
+    _request: Request<cri::GetEventsRequest>,
+) -> Result<Response<super::events_service::EventStream>, Status> {
+    Ok(Response::new(api.events.stream()))
 }

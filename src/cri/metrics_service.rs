@@ -7,15 +7,19 @@
 //! Pod-level series (network) leave `container` and `image` empty and carry the sandbox id.
 //! Values are unsigned integers: seconds are whole seconds, as the other runtimes report them.
 
+use std::collections::HashMap;
+
 use berth_snapshotter::Snapshotter;
 use k8s_cri::v1 as cri;
+use tonic::{Request, Response, Status};
 
-use super::stats_service::StatsCollector;
+use super::runtime_service::RuntimeApi;
+use super::stats_service::{self, StatsCollector};
 use crate::metrics::cgroup_metrics::{self, CgroupMetrics, ProcessCounts};
 use crate::metrics::net_dev;
 use crate::runtime::cgroups::Layout;
 use crate::runtime::container::ContainerRecord;
-use crate::runtime::sandbox::SandboxRecord;
+use crate::runtime::sandbox::{SandboxRecord, SandboxState};
 
 /// The labels every series starts with.
 const BASE_LABELS: [&str; 5] = ["pod", "namespace", "container", "id", "image"];
@@ -675,6 +679,50 @@ fn network_series(s: &mut Series<'_>, interfaces: &[net_dev::InterfaceCounters])
             s.push(metric, &name, value);
         }
     }
+}
+
+pub(super) async fn list_metric_descriptors(
+    api: &RuntimeApi,
+    _request: Request<cri::ListMetricDescriptorsRequest>,
+) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
+    Ok(Response::new(cri::ListMetricDescriptorsResponse {
+        descriptors: descriptors(api.stats.layout()),
+    }))
+}
+
+pub(super) async fn list_pod_sandbox_metrics(
+    api: &RuntimeApi,
+    _request: Request<cri::ListPodSandboxMetricsRequest>,
+) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
+    let sandboxes: Vec<SandboxRecord> = api
+        .sandboxes
+        .list()?
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .map(|s| SandboxRecord::clone(s))
+        .collect();
+    let containers = api.containers.stored()?;
+    let stats = api.stats.clone();
+    let snapshots = api.images.snapshotter();
+    let pod_metrics = tokio::task::spawn_blocking(move || {
+        let mut by_sandbox: HashMap<&str, Vec<ContainerRecord>> = HashMap::new();
+        for c in containers.iter().filter(|c| c.is_active()) {
+            by_sandbox
+                .entry(c.sandbox_id.as_str())
+                .or_default()
+                .push(ContainerRecord::clone(c));
+        }
+        let layer_fs = LayerFs::measure(&snapshots);
+        stats_service::spread_over_cores(&sandboxes, |s| {
+            let mine = by_sandbox.get(s.id.as_str()).map_or(&[][..], Vec::as_slice);
+            pod_metrics(&stats, s, mine, &snapshots, layer_fs.as_ref())
+        })
+    })
+    .await
+    .map_err(|e| Status::internal(format!("ListPodSandboxMetrics: {e}")))?;
+    Ok(Response::new(cri::ListPodSandboxMetricsResponse {
+        pod_metrics,
+    }))
 }
 
 #[cfg(test)]

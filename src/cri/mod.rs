@@ -13,6 +13,7 @@ mod runtime_service;
 mod sandbox_service;
 pub(crate) mod server;
 pub(crate) mod stats_service;
+mod stream_service;
 mod v1alpha2;
 
 pub use encoded_lists::EncodedItems;

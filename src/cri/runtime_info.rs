@@ -1,12 +1,15 @@
-//! Version, Status and RuntimeConfig: what the runtime says about itself.
+//! CRI Version, Status, RuntimeConfig and UpdateRuntimeConfig: what the runtime says about
+//! itself.
 
 use k8s_cri::v1 as cri;
+use tonic::{Request, Response, Status};
 
+use super::runtime_service::RuntimeApi;
 use super::{CRI_API_VERSION, RUNTIME_NAME, RUNTIME_VERSION};
 use crate::net::{NetManager, NetworkStatus};
 
 /// The Version response for a caller speaking `api_version`.
-pub fn version(api_version: &str) -> cri::VersionResponse {
+pub fn version_for(api_version: &str) -> cri::VersionResponse {
     cri::VersionResponse {
         version: "0.1.0".into(),
         runtime_name: RUNTIME_NAME.into(),
@@ -17,12 +20,12 @@ pub fn version(api_version: &str) -> cri::VersionResponse {
 
 /// Version for v1 callers.
 pub fn version_v1() -> cri::VersionResponse {
-    version(CRI_API_VERSION)
+    version_for(CRI_API_VERSION)
 }
 
 /// Runtime and network conditions: NetworkReady follows the CNI conf dir (`net` None: Berth
 /// runs without pod networking).
-pub fn status(verbose: bool, net: Option<&NetManager>) -> cri::StatusResponse {
+pub fn runtime_status(verbose: bool, net: Option<&NetManager>) -> cri::StatusResponse {
     let network = net.map(NetManager::status).unwrap_or(NetworkStatus {
         ready: false,
         reason: "NetworkPluginNotReady".into(),
@@ -118,10 +121,70 @@ pub fn recursive_read_only_mounts() -> bool {
 }
 
 /// RuntimeConfig: Berth drives cgroups through cgroupfs.
-pub fn runtime_config() -> cri::RuntimeConfigResponse {
+pub fn cgroup_config() -> cri::RuntimeConfigResponse {
     cri::RuntimeConfigResponse {
         linux: Some(cri::LinuxRuntimeConfiguration {
             cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
         }),
     }
+}
+
+pub(super) async fn version(
+    _api: &RuntimeApi,
+    _request: Request<cri::VersionRequest>,
+) -> Result<Response<cri::VersionResponse>, Status> {
+    Ok(Response::new(version_v1()))
+}
+
+pub(super) async fn status(
+    api: &RuntimeApi,
+    request: Request<cri::StatusRequest>,
+) -> Result<Response<cri::StatusResponse>, Status> {
+    let verbose = request.get_ref().verbose;
+    let mut resp = runtime_status(verbose, api.sandboxes.network().map(|n| n.as_ref()));
+    if verbose {
+        let pulls: Vec<serde_json::Value> = api
+            .images
+            .pulls_in_progress()
+            .into_iter()
+            .map(|(image, layers)| serde_json::json!({ "image": image, "layers": layers }))
+            .collect();
+        // An object, not an array: crictl only pretty-prints values that start with `{`.
+        resp.info.insert(
+            "pulls".into(),
+            serde_json::json!({ "inProgress": pulls }).to_string(),
+        );
+        resp.info.insert(
+            "events".into(),
+            serde_json::json!({ "subscribers": api.containers.events().subscribers() }).to_string(),
+        );
+    }
+    Ok(Response::new(resp))
+}
+
+pub(super) async fn runtime_config(
+    _api: &RuntimeApi,
+    _request: Request<cri::RuntimeConfigRequest>,
+) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
+    Ok(Response::new(cgroup_config()))
+}
+
+pub(super) async fn update_runtime_config(
+    api: &RuntimeApi,
+    request: Request<cri::UpdateRuntimeConfigRequest>,
+) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
+    // The pod CIDR is kept and offered to plugins that ask for the ipRanges capability.
+    let cidr = request
+        .get_ref()
+        .runtime_config
+        .as_ref()
+        .and_then(|c| c.network_config.as_ref())
+        .map(|n| n.pod_cidr.clone())
+        .unwrap_or_default();
+    if let Some(net) = api.sandboxes.network()
+        && !cidr.is_empty()
+    {
+        net.set_pod_cidr(&cidr);
+    }
+    Ok(Response::new(cri::UpdateRuntimeConfigResponse {}))
 }

@@ -2,8 +2,10 @@
 //! ListPodSandbox.
 
 use k8s_cri::v1 as cri;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
+use super::runtime_service::{RuntimeApi, to_completion};
+use crate::runtime::events::EventKind;
 use crate::runtime::sandbox::{SandboxError, SandboxManager, SandboxRecord, SandboxState};
 
 impl From<SandboxError> for Status {
@@ -132,4 +134,90 @@ pub fn list_item(r: &SandboxRecord) -> cri::PodSandbox {
         annotations: config.annotations.clone(),
         runtime_handler: r.runtime_handler.clone(),
     }
+}
+
+pub(super) async fn run_pod_sandbox(
+    api: &RuntimeApi,
+    request: Request<cri::RunPodSandboxRequest>,
+) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
+    let (sandboxes, containers) = (api.sandboxes.clone(), api.containers.clone());
+    let req = request.into_inner();
+    let pod_sandbox_id = to_completion(async move {
+        let (id, made) = sandboxes.run(&req).await?;
+        // A retry returns the first call's sandbox, whose events went out with it.
+        if made {
+            containers.emit_sandbox(EventKind::Created, &id);
+            containers.emit_sandbox(EventKind::Started, &id);
+        }
+        Ok(id)
+    })
+    .await?;
+    Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id }))
+}
+
+pub(super) async fn stop_pod_sandbox(
+    api: &RuntimeApi,
+    request: Request<cri::StopPodSandboxRequest>,
+) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
+    let id = &request.get_ref().pod_sandbox_id;
+    // Its containers first (the CRI asks StopPodSandbox to stop them all).
+    let ready = api
+        .sandboxes
+        .find(id)
+        .ok()
+        .filter(|s| s.state == SandboxState::Ready);
+    if let Ok(sandbox) = api.sandboxes.get(id) {
+        for c in api.containers.in_sandbox(&sandbox.id)? {
+            api.containers.stop(&c, 0).await?;
+        }
+    }
+    api.sandboxes.stop(id).await?;
+    if let Some(s) = ready {
+        api.containers.emit_sandbox(EventKind::Stopped, &s.id);
+    }
+    Ok(Response::new(cri::StopPodSandboxResponse {}))
+}
+
+pub(super) async fn remove_pod_sandbox(
+    api: &RuntimeApi,
+    request: Request<cri::RemovePodSandboxRequest>,
+) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
+    let id = &request.get_ref().pod_sandbox_id;
+    let existed = api.sandboxes.find(id).ok();
+    if let Some(sandbox) = &existed {
+        for c in api.containers.in_sandbox(&sandbox.id)? {
+            api.containers.remove(&c).await?;
+        }
+    }
+    api.sandboxes.remove(id).await?;
+    if let Some(s) = existed {
+        api.containers.emit_sandbox(EventKind::Deleted, &s.id);
+    }
+    Ok(Response::new(cri::RemovePodSandboxResponse {}))
+}
+
+pub(super) async fn pod_sandbox_status(
+    api: &RuntimeApi,
+    request: Request<cri::PodSandboxStatusRequest>,
+) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
+    let req = request.get_ref();
+    let rec = api.sandboxes.find(&req.pod_sandbox_id)?;
+    // CHECK only when asked for details (the kubelet polls the plain status often), and then
+    // its last result: the plugins run in the background.
+    let check = if req.verbose {
+        api.sandboxes.last_network_check(&rec)
+    } else {
+        None
+    };
+    Ok(Response::new(status(&rec, req.verbose, check)))
+}
+
+pub(super) async fn list_pod_sandbox(
+    api: &RuntimeApi,
+    request: Request<cri::ListPodSandboxRequest>,
+) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
+    Ok(Response::new(list(
+        &api.sandboxes,
+        request.get_ref().filter.as_ref(),
+    )?))
 }

@@ -1,15 +1,19 @@
-//! CRI ContainerStats and PodSandboxStats messages from cgroup readings and snapshot usage.
+//! CRI ContainerStats, ListContainerStats, PodSandboxStats and ListPodSandboxStats, from
+//! cgroup readings and snapshot usage.
+
+use std::collections::{HashMap, HashSet};
 
 use berth_snapshotter::{Snapshotter, Usage};
 use k8s_cri::v1 as cri;
-use std::collections::{HashMap, HashSet};
+use tonic::{Request, Response, Status};
 
+use super::runtime_service::RuntimeApi;
 use crate::metrics::cgroup_stats::{self, CgroupStats};
 use crate::metrics::{CpuSampler, DiskCache, MemoryStats, net_dev};
 use crate::runtime::cgroups::Layout;
 use crate::runtime::container::{ContainerRecord, ContainerState};
 use crate::runtime::container_update;
-use crate::runtime::sandbox::SandboxRecord;
+use crate::runtime::sandbox::{SandboxManager, SandboxRecord, SandboxState};
 
 /// Key prefix of pod samples in the CPU sampler (container keys are bare ids).
 const POD_KEY: &str = "pod/";
@@ -354,6 +358,134 @@ pub fn container_matches(
     f.label_selector
         .iter()
         .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Stats of the containers passing `filter`, read off the async threads (cgroupfs and
+/// snapshot walks block).
+async fn container_stats_list(
+    api: &RuntimeApi,
+    filter: Option<cri::ContainerStatsFilter>,
+) -> Result<Vec<cri::ContainerStats>, Status> {
+    let all = api.containers.stored()?;
+    if filter.is_none() {
+        let ids: HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
+        api.stats.prune(Some(&ids), None);
+    }
+    let recs: Vec<_> = all
+        .into_iter()
+        .filter(|r| container_matches(r, filter.as_ref()))
+        .collect();
+    let stats = api.stats.clone();
+    let snapshots = api.images.snapshotter();
+    tokio::task::spawn_blocking(move || {
+        recs.iter()
+            .map(|r| stats.container(r, &snapshots))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("container stats: {e}")))
+}
+
+/// Stats of the given sandboxes with their containers.
+async fn pod_stats_list(
+    api: &RuntimeApi,
+    sandboxes: Vec<SandboxRecord>,
+    prune: bool,
+) -> Result<Vec<cri::PodSandboxStats>, Status> {
+    let all = api.containers.stored()?;
+    if prune {
+        let ids: HashSet<String> = all.iter().map(|c| c.id.clone()).collect();
+        api.stats.prune(Some(&ids), None);
+    }
+    let stats = api.stats.clone();
+    let snapshots = api.images.snapshotter();
+    tokio::task::spawn_blocking(move || {
+        let mut by_sandbox: HashMap<&str, Vec<ContainerRecord>> = HashMap::new();
+        for c in all.iter().filter(|c| c.state != ContainerState::Creating) {
+            by_sandbox
+                .entry(c.sandbox_id.as_str())
+                .or_default()
+                .push(c.clone());
+        }
+        let one = |s: &SandboxRecord| {
+            let mine = by_sandbox.get(s.id.as_str()).map_or(&[][..], Vec::as_slice);
+            stats.sandbox(s, mine, &snapshots)
+        };
+        spread_over_cores(&sandboxes, one)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("pod sandbox stats: {e}")))
+}
+
+pub(super) async fn container_stats(
+    api: &RuntimeApi,
+    request: Request<cri::ContainerStatsRequest>,
+) -> Result<Response<cri::ContainerStatsResponse>, Status> {
+    let rec = api.containers.get(&request.get_ref().container_id)?;
+    let filter = cri::ContainerStatsFilter {
+        id: rec.id.clone(),
+        ..Default::default()
+    };
+    let stats = container_stats_list(api, Some(filter))
+        .await?
+        .into_iter()
+        .next();
+    match stats {
+        Some(s) => Ok(Response::new(cri::ContainerStatsResponse {
+            stats: Some(s),
+        })),
+        None => Err(Status::not_found(format!("container {} not found", rec.id))),
+    }
+}
+
+pub(super) async fn list_container_stats(
+    api: &RuntimeApi,
+    request: Request<cri::ListContainerStatsRequest>,
+) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
+    let stats = container_stats_list(api, request.into_inner().filter).await?;
+    Ok(Response::new(cri::ListContainerStatsResponse { stats }))
+}
+
+pub(super) async fn pod_sandbox_stats(
+    api: &RuntimeApi,
+    request: Request<cri::PodSandboxStatsRequest>,
+) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
+    let rec = api.sandboxes.get(&request.get_ref().pod_sandbox_id)?;
+    let stats = pod_stats_list(api, vec![rec], false)
+        .await?
+        .into_iter()
+        .next();
+    Ok(Response::new(cri::PodSandboxStatsResponse { stats }))
+}
+
+pub(super) async fn list_pod_sandbox_stats(
+    api: &RuntimeApi,
+    request: Request<cri::ListPodSandboxStatsRequest>,
+) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
+    let filter = request.into_inner().filter;
+    let all = api.sandboxes.list()?;
+    let prune = filter.is_none();
+    if prune {
+        let ids: HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
+        api.stats.prune(None, Some(&ids));
+    }
+    let pod_filter = filter.map(|f| cri::PodSandboxFilter {
+        id: f.id,
+        state: None,
+        label_selector: f.label_selector,
+    });
+    let sandboxes: Vec<SandboxRecord> = all
+        .into_iter()
+        .filter(|s| s.state != SandboxState::Creating)
+        .filter(|s| {
+            pod_filter
+                .as_ref()
+                .is_none_or(|f| SandboxManager::matches(s, f))
+        })
+        .map(|s| SandboxRecord::clone(&s))
+        .collect();
+    let stats = pod_stats_list(api, sandboxes, prune).await?;
+    Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
 }
 
 #[cfg(test)]

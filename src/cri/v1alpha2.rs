@@ -55,7 +55,7 @@ forward_impl! {
         &self,
         _request: Request<a2::VersionRequest>,
     ) -> Result<Response<a2::VersionResponse>, Status> {
-        Ok(Response::new(translate(&super::runtime_info::version("v1alpha2"))?))
+        Ok(Response::new(translate(&super::runtime_info::version_for("v1alpha2"))?))
     }
 
     }
