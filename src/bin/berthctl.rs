@@ -200,6 +200,8 @@ enum Bench {
     Lifecycle(bench::LifecycleArgs),
     /// Time ListContainers and ListPodSandbox with the pods the runtime has.
     Lists(bench_scale::ListsArgs),
+    /// Time ListPodSandboxMetrics and ListPodSandboxStats with the pods the runtime has.
+    Metrics(bench_scale::MetricsArgs),
     /// Time a container's exit (SIGKILL) to its CONTAINER_STOPPED event.
     Exits(bench_scale::ExitsArgs),
 }
@@ -525,6 +527,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             bench: Bench::Lists(args),
         } => bench_scale::lists(&client, args, json).await?,
+        Command::Bench {
+            bench: Bench::Metrics(args),
+        } => bench_scale::metrics(&client, args, json).await?,
         Command::Bench {
             bench: Bench::Exits(args),
         } => bench_scale::exits(&client, args, json).await?,

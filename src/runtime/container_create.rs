@@ -73,8 +73,17 @@ impl ContainerCreator {
     }
 
     /// Deletes bundles a removal moved aside (`<root>/containers/rm-<id>`) and did not get to
-    /// delete before berthd stopped. Blocking.
+    /// delete before berthd stopped, and detaches idmapped layer mounts a crash left while a
+    /// user-namespaced container's rootfs was being mounted. Blocking.
     pub fn remove_leftovers(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.root.join(IDMAP_DIR)) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                tracing::info!(path = %path.display(), "detaching idmapped layers left by a crash");
+                let _ = rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH);
+                let _ = std::fs::remove_dir(&path);
+            }
+        }
         let dir = self.root.join("containers");
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return;
@@ -391,6 +400,10 @@ pub(super) fn unmount_rootfs(rootfs: &std::path::Path) -> Result<(), berth_snaps
         other => other,
     }
 }
+
+/// Where a user-namespaced container's image layers are attached, idmapped, while its rootfs
+/// overlay is mounted (`<root>/idmap/<id prefix>`).
+const IDMAP_DIR: &str = "idmap";
 
 /// Prefix of a removed container's bundle, moved aside until it is deleted.
 const DOOMED_PREFIX: &str = "rm-";

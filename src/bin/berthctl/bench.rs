@@ -49,6 +49,10 @@ pub struct LifecycleArgs {
     /// StopContainer's timeout in seconds.
     #[arg(long, default_value_t = 10)]
     pub stop_timeout: i64,
+    /// Each pod gets its own user namespace (pod i maps container ids 0-65535 to host ids
+    /// from 65536 * (i + 16)); needs --pod-network.
+    #[arg(long, requires = "pod_network")]
+    pub user_namespace: bool,
     /// Pod i gets the cgroup parent PREFIX/podI (default: none, the runtime's default).
     #[arg(long)]
     pub cgroup_parent: Option<String>,
@@ -83,6 +87,7 @@ struct Plan {
     run_id: String,
     image_ref: String,
     network: i32,
+    user_namespace: bool,
     cgroup_parent: Option<String>,
     log_dir: PathBuf,
     command: Vec<String>,
@@ -118,6 +123,7 @@ impl Plan {
                     namespace_options: Some(cri::NamespaceOption {
                         network: self.network,
                         pid: cri::NamespaceMode::Container as i32,
+                        userns_options: self.user_namespace(i),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -126,6 +132,23 @@ impl Plan {
             }),
             ..Default::default()
         }
+    }
+
+    /// Pod i's own user namespace, when asked for: 65536 ids of its own.
+    fn user_namespace(&self, i: usize) -> Option<cri::UserNamespace> {
+        if !self.user_namespace {
+            return None;
+        }
+        let m = cri::IdMapping {
+            host_id: 65536 * (u32::try_from(i).unwrap_or(0) + 16),
+            container_id: 0,
+            length: 65536,
+        };
+        Some(cri::UserNamespace {
+            mode: cri::NamespaceMode::Pod as i32,
+            uids: vec![m],
+            gids: vec![m],
+        })
     }
 
     fn container_config(&self) -> cri::ContainerConfig {
@@ -373,6 +396,7 @@ pub async fn lifecycle(client: &CriClient, args: LifecycleArgs, json: bool) -> a
         run_id,
         image_ref,
         network,
+        user_namespace: args.user_namespace,
         cgroup_parent: args.cgroup_parent.clone(),
         log_dir: log_dir.clone(),
         command: if args.command.is_empty() {

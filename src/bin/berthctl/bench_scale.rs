@@ -1,6 +1,6 @@
-//! `berthctl bench lists` and `berthctl bench exits`: how fast a runtime answers its list calls
-//! (with however many pods it runs), and how soon a container's exit reaches an events
-//! subscriber.
+//! `berthctl bench lists`, `berthctl bench metrics` and `berthctl bench exits`: how fast a
+//! runtime answers its list calls and its pod metrics and stats (with however many pods it
+//! runs), and how soon a container's exit reaches an events subscriber.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,84 @@ pub struct ListsArgs {
     /// Calls of each list method, one after the other.
     #[arg(long, default_value_t = 200)]
     pub calls: usize,
+}
+
+#[derive(clap::Args)]
+pub struct MetricsArgs {
+    /// Calls of each method, one after the other.
+    #[arg(long, default_value_t = 100)]
+    pub calls: usize,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MetricsReport {
+    pods: usize,
+    series: usize,
+    list_pod_sandbox_metrics: Option<Stats>,
+    list_pod_sandbox_stats: Option<Stats>,
+}
+
+/// Times ListPodSandboxMetrics and ListPodSandboxStats (no filter), `calls` of each,
+/// alternately.
+pub async fn metrics(client: &CriClient, args: MetricsArgs, json: bool) -> anyhow::Result<()> {
+    if args.calls == 0 {
+        bail!("--calls must be at least 1");
+    }
+    let mut rt = client.runtime();
+    let (mut metrics, mut stats) = (Vec::new(), Vec::new());
+    let (mut pods, mut series) = (0, 0);
+    for _ in 0..args.calls {
+        let t = Instant::now();
+        let m = rt
+            .list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest {})
+            .await
+            .map_err(status_message)
+            .context("ListPodSandboxMetrics")?
+            .into_inner()
+            .pod_metrics;
+        metrics.push(t.elapsed());
+        pods = m.len();
+        series = m
+            .iter()
+            .map(|p| {
+                p.metrics.len()
+                    + p.container_metrics
+                        .iter()
+                        .map(|c| c.metrics.len())
+                        .sum::<usize>()
+            })
+            .sum();
+        let t = Instant::now();
+        rt.list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+            .await
+            .map_err(status_message)
+            .context("ListPodSandboxStats")?;
+        stats.push(t.elapsed());
+    }
+    let report = MetricsReport {
+        pods,
+        series,
+        list_pod_sandbox_metrics: Stats::of(&metrics),
+        list_pod_sandbox_stats: Stats::of(&stats),
+    };
+    if json {
+        crate::print_json(&report)?;
+    } else {
+        println!("{pods} pods, {series} series");
+        for (name, s) in [
+            ("ListPodSandboxMetrics", report.list_pod_sandbox_metrics),
+            ("ListPodSandboxStats", report.list_pod_sandbox_stats),
+        ] {
+            if let Some(s) = s {
+                println!(
+                    "{name:<24} p50 {:8.3} ms  p99 {:8.3} ms",
+                    s.p50_ms, s.p99_ms
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]
