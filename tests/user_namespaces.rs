@@ -134,13 +134,24 @@ async fn a_pod_root_is_unprivileged_on_the_host_and_owns_its_files() {
         .map(str::to_string)
         .collect();
     assert_eq!(map, ["0", &host_id.to_string(), "65536"]);
+    // The image's files, the volume, and the files Berth made for the pod are its root's.
     let owner = exec_ok(
         &c,
         &id,
-        &["stat", "-c", "%u:%g", "/bin/sh", "/data", "/etc/in-rootfs"],
+        &[
+            "stat",
+            "-c",
+            "%u:%g",
+            "/bin/sh",
+            "/data",
+            "/etc/in-rootfs",
+            "/etc/hosts",
+            "/etc/resolv.conf",
+            "/dev/shm",
+        ],
     )
     .await;
-    assert_eq!(owner.lines().collect::<Vec<_>>(), ["0:0", "0:0", "0:0"]);
+    assert_eq!(owner.lines().collect::<Vec<_>>(), ["0:0"; 6]);
     // Outside: the container's process runs as the pod's first host uid, not root.
     let verbose = c
         .runtime()
@@ -281,4 +292,36 @@ async fn bad_user_namespace_options_are_refused_and_leave_nothing() {
             == 0,
         "no sandbox directory left"
     );
+}
+
+/// The container's process, already in the pod's user namespace, reaches its rootfs by path: a
+/// root directory below one that others cannot search is refused with a clear error.
+#[tokio::test]
+async fn a_root_the_pod_cannot_reach_is_refused_clearly() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let (_, userns) = pod_ids();
+    let logs = d.dir.path().join("logs");
+    let pod_cfg = with_userns(
+        pod_config("unreachable", &logs, cri::NamespaceMode::Container),
+        &userns,
+    );
+    let pod = run_pod(&c, &pod_cfg).await;
+    let closed = d.root();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let e = create_err(
+        &c,
+        &pod,
+        &pod_cfg,
+        sh_container("c", &busybox, "true", cri::NamespaceMode::Container),
+    )
+    .await;
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains(&closed.display().to_string()), "{e}");
+    assert!(list_containers(&c).await.is_empty());
+    remove_pod(&c, &pod).await;
 }

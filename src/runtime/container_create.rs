@@ -220,6 +220,9 @@ impl ContainerCreator {
                 }
             }
             Some((fd, ids)) => {
+                userns::check_reachable(&rootfs, ids.root_on_host().0).map_err(|e| {
+                    CreateError::FailedPrecondition(format!("CreateContainer: {e}"))
+                })?;
                 let scratch = self.root.join("idmap").join(&id[..12.min(id.len())]);
                 prepared.rootfs_mounted = Some(rootfs.clone());
                 userns::mount_rootfs(
@@ -289,8 +292,15 @@ impl ContainerCreator {
         })?;
         if let Some((fd, ids)) = &pod_userns {
             check_user_mapped(&user, ids)?;
+            if let Some((host, _)) = &termination {
+                let (uid, gid) = ids.root_on_host();
+                std::os::unix::fs::chown(host, Some(uid), Some(gid))
+                    .map_err(|e| internal("giving the termination log to the pod's root", &e))?;
+            }
             let mut mounts = oci.mounts().clone().unwrap_or_default();
-            userns::stage_binds(&mut mounts, &bundle, fd)
+            let mut own = vec![sandbox.dir.as_path()];
+            own.extend(termination.as_ref().map(|(host, _)| host.as_path()));
+            userns::stage_binds(&mut mounts, &bundle, &own, fd)
                 .map_err(|e| internal("idmapping bind mounts", &e))?;
             oci.set_mounts(Some(mounts));
         }

@@ -561,8 +561,17 @@ impl SandboxManager {
             sandbox_files::resolv_conf(config.dns_config.as_ref())
                 .map_err(internal("reading /etc/resolv.conf"))?,
         )?;
+        // A user-namespaced pod's root owns the files Berth makes for it (they are bound into
+        // its containers as they are).
+        let owner = rec.user_ids.map(|ids| ids.root_on_host());
+        if let Some((uid, gid)) = owner {
+            for name in ["hostname", "hosts", "resolv.conf"] {
+                std::os::unix::fs::chown(rec.file(name), Some(uid), Some(gid))
+                    .map_err(internal(format!("giving {name} to the pod's root")))?;
+            }
+        }
         if let Some(shm) = &rec.shm {
-            sandbox_files::mount_shm(shm).map_err(internal("pod /dev/shm"))?;
+            sandbox_files::mount_shm(shm, owner).map_err(internal("pod /dev/shm"))?;
         }
         let sysctls: Vec<(String, String)> = config
             .linux

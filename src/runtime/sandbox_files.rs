@@ -61,16 +61,23 @@ pub fn write_file(path: &Path, content: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Mounts the pod's /dev/shm: a 64 MiB tmpfs, as containerd and the kubelet default to.
-pub fn mount_shm(target: &Path) -> std::io::Result<()> {
+/// Mounts the pod's /dev/shm: a 64 MiB tmpfs, as containerd and the kubelet default to, its
+/// root owned by `owner` (the host ids of a user-namespaced pod's root; None: host root).
+pub fn mount_shm(target: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     use rustix::mount::{MountFlags, mount};
     std::fs::create_dir_all(target)?;
+    let mut data = "mode=1777,size=65536k".to_string();
+    if let Some((uid, gid)) = owner {
+        data.push_str(&format!(",uid={uid},gid={gid}"));
+    }
+    let data = std::ffi::CString::new(data)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     mount(
         "shm",
         target,
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        c"mode=1777,size=65536k",
+        data.as_c_str(),
     )
     .map_err(|e| {
         std::io::Error::new(

@@ -298,17 +298,42 @@ pub fn open(path: &Path) -> std::io::Result<OwnedFd> {
     })
 }
 
+/// Checks that host user `uid` (a pod's root) may walk down to `path`: the container's
+/// process, already in the pod's user namespace, reaches its rootfs and bind sources by path,
+/// so each directory above them must be searchable by others (or belong to `uid`).
+pub fn check_reachable(path: &Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in path.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let searchable =
+            meta.mode() & 0o001 != 0 || (meta.uid() == uid && meta.mode() & 0o100 != 0);
+        if !searchable {
+            return Err(format!(
+                "the pod's root (host uid {uid}) cannot reach {}: {} has mode {:o}; a pod with its own user namespace needs every directory above Berth's root searchable by others (o+x)",
+                path.display(),
+                dir.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Where the idmapped copies of a container's bind sources are attached until its process has
 /// made its own mounts of them.
 pub const STAGED_DIR: &str = "idmapped";
 
 /// Replaces each bind mount's source in `mounts` by an idmapped copy of it attached under
 /// `<bundle>/idmapped/<n>`, so the container sees host id 0 as its root. Sources under
-/// `/proc`, `/sys` and `/dev` keep their host ids; a source whose filesystem cannot be idmapped
-/// is bound as it is (its files show as the overflow id inside), which is logged.
+/// `/proc`, `/sys` and `/dev` keep their host ids, and so do those under `own` (the files Berth
+/// made for the pod, which belong to the pod's root already); a source whose filesystem cannot
+/// be idmapped is bound as it is (its files show as the overflow id inside), which is logged.
 pub fn stage_binds(
     mounts: &mut [oci_spec::runtime::Mount],
     bundle: &Path,
+    own: &[&Path],
     userns: &OwnedFd,
 ) -> std::io::Result<()> {
     let dir = bundle.join(STAGED_DIR);
@@ -322,6 +347,7 @@ pub fn stage_binds(
         if ["/proc", "/sys", "/dev"]
             .iter()
             .any(|p| source.starts_with(p))
+            || own.iter().any(|p| source.starts_with(p))
         {
             continue;
         }
