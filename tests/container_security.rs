@@ -655,18 +655,7 @@ async fn status_reports_reason_message_image_ref_and_verbose_info() {
 
     // Verbose: info["info"] is JSON with the pid, sandbox, spec, snapshot and bundle.
     let id = env.run(env.container("running", "sleep 1000", sc())).await;
-    let verbose = env
-        .c
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .expect("status")
-        .into_inner();
-    let info: serde_json::Value =
-        serde_json::from_str(verbose.info.get("info").expect("info key")).expect("json");
+    let info = container_info(&env.c, &id).await;
     assert!(info["pid"].as_u64().unwrap_or(0) > 0, "{info}");
     assert_eq!(info["sandboxID"], env.pod.as_str());
     assert_eq!(info["runtimeSpec"]["process"]["args"][2], "sleep 1000");

@@ -3,11 +3,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use berth::client::CriClient;
-use berth::metrics::cgroup_stats::controller_dir;
 use berth::runtime::cgroups::Layout;
 use common::*;
 use k8s_cri::v1 as cri;
@@ -394,23 +392,6 @@ async fn remove_pod_cgroup(pod: &Pod) {
         eprintln!("pod cgroup {} outlived its pod; removing it", d.display());
         let _ = std::fs::remove_dir(d);
     }
-}
-
-/// The cgroup file `file` of `controller` for container `id` (its path from the bundle).
-fn cgroup_file(d: &Daemon, id: &str, controller: &str, file: &str) -> PathBuf {
-    let spec: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(d.root().join("containers").join(id).join("config.json")).expect("spec"),
-    )
-    .expect("json");
-    let path = spec
-        .pointer("/linux/cgroupsPath")
-        .and_then(|v| v.as_str())
-        .expect("cgroupsPath")
-        .to_string();
-    let layout = Layout::detect().expect("layout");
-    controller_dir(&layout, controller, &path)
-        .expect("controller")
-        .join(file)
 }
 
 fn read_trim(p: &std::path::Path) -> String {

@@ -5,11 +5,9 @@ mod cni_support;
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use berth::client::CriClient;
-use berth::metrics::cgroup_stats::controller_dir;
 use berth::runtime::cgroups::Layout;
 use cni_support::TestNet;
 use common::*;
@@ -45,23 +43,6 @@ fn value(metrics: &[cri::Metric], name: &str) -> u64 {
         .and_then(|m| m.value.as_ref())
         .map(|v| v.value)
         .unwrap_or_else(|| panic!("no series of {name}"))
-}
-
-/// The cgroup file `file` of `controller` for container `id` (its path from the bundle).
-fn cgroup_file(d: &Daemon, id: &str, controller: &str, file: &str) -> PathBuf {
-    let spec: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(d.root().join("containers").join(id).join("config.json")).expect("spec"),
-    )
-    .expect("json");
-    let path = spec
-        .pointer("/linux/cgroupsPath")
-        .and_then(|v| v.as_str())
-        .expect("cgroupsPath")
-        .to_string();
-    let layout = Layout::detect().expect("layout");
-    controller_dir(&layout, controller, &path)
-        .expect("controller")
-        .join(file)
 }
 
 fn read_u64(p: &std::path::Path) -> u64 {
@@ -166,7 +147,7 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
         .next()
         .and_then(|l| l.trim().parse().ok())
         .expect("the container's process");
-    let usage_before = read_u64(&cgroup_file(
+    let usage_file = cgroup_file(
         &d,
         &id,
         "memory",
@@ -175,19 +156,11 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
         } else {
             "memory.usage_in_bytes"
         },
-    ));
+    );
+    let usage_before = read_u64(&usage_file);
 
     let m = pod_metrics(&c, &pod).await.expect("the pod's metrics");
-    let usage_after = read_u64(&cgroup_file(
-        &d,
-        &id,
-        "memory",
-        if layout.is_v2() {
-            "memory.current"
-        } else {
-            "memory.usage_in_bytes"
-        },
-    ));
+    let usage_after = read_u64(&usage_file);
     assert_eq!(m.container_metrics.len(), 1, "{m:?}");
     let cm = &m.container_metrics[0];
     assert_eq!(cm.container_id, id);

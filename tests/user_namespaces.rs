@@ -43,6 +43,21 @@ fn with_userns(
     pod
 }
 
+fn with_container_userns(
+    mut config: cri::ContainerConfig,
+    userns: cri::UserNamespace,
+) -> cri::ContainerConfig {
+    config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(userns);
+    config
+}
+
 async fn run_pod_err(
     c: &berth::client::CriClient,
     config: &cri::PodSandboxConfig,
@@ -110,14 +125,7 @@ async fn a_pod_root_is_unprivileged_on_the_host_and_owns_its_files() {
         host_path: volume.display().to_string(),
         ..Default::default()
     });
-    config
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default)
-        .userns_options = Some(userns.clone());
+    let config = with_container_userns(config, userns.clone());
     let id = run_container(&c, &pod, &pod_cfg, config).await;
     for _ in 0..100 {
         if volume.join("by-pod-root").exists() {
@@ -153,18 +161,7 @@ async fn a_pod_root_is_unprivileged_on_the_host_and_owns_its_files() {
     .await;
     assert_eq!(owner.lines().collect::<Vec<_>>(), ["0:0"; 6]);
     // Outside: the container's process runs as the pod's first host uid, not root.
-    let verbose = c
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .expect("status")
-        .into_inner();
-    let info: serde_json::Value =
-        serde_json::from_str(verbose.info.get("info").expect("info")).expect("json");
-    let pid = info["pid"].as_u64().expect("pid") as u32;
+    let pid = container_info(&c, &id).await["pid"].as_u64().expect("pid") as u32;
     assert_eq!(host_uid(pid), host_id);
     // What the pod's root wrote to the idmapped volume is host root's on disk.
     let written = std::fs::metadata(volume.join("by-pod-root")).expect("written by the pod");
@@ -182,17 +179,14 @@ async fn a_pod_root_is_unprivileged_on_the_host_and_owns_its_files() {
 
     // Refused: a container asking for another user namespace than its pod's, a user the pod's
     // namespace does not map, and another pod overlapping these host ids.
-    let mut node = sh_container("node", &busybox, "true", cri::NamespaceMode::Container);
-    node.linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default)
-        .userns_options = Some(cri::UserNamespace {
-        mode: cri::NamespaceMode::Node as i32,
-        ..Default::default()
-    });
+    let node = sh_container("node", &busybox, "true", cri::NamespaceMode::Container);
+    let node = with_container_userns(
+        node,
+        cri::UserNamespace {
+            mode: cri::NamespaceMode::Node as i32,
+            ..Default::default()
+        },
+    );
     let e = create_err(&c, &pod, &pod_cfg, node).await;
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     let mut unmapped = sh_container("unmapped", &busybox, "true", cri::NamespaceMode::Container);

@@ -44,16 +44,6 @@ fn parse_stat(
     })
 }
 
-/// The soft `Max open files` of `/proc/<pid>/limits`.
-fn max_fds(limits: &str) -> Option<i64> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// This process's figures now.
 pub fn read() -> Option<ProcessStats> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
@@ -69,8 +59,8 @@ pub fn read() -> Option<ProcessStats> {
     s.open_fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
     s.max_fds = std::fs::read_to_string("/proc/self/limits")
         .ok()
-        .and_then(|l| max_fds(&l))
-        .unwrap_or(0);
+        .and_then(|l| super::cgroup_metrics::soft_open_files(&l))
+        .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX));
     Some(s)
 }
 
@@ -140,10 +130,6 @@ mod tests {
         assert_eq!(s.start_time_seconds, 1_700_000_050.0);
         assert_eq!(s.virtual_bytes, 104_857_600);
         assert_eq!(s.resident_bytes, 2560 * 4096);
-        assert_eq!(
-            max_fds("Max open files            1024                 4096                 files\n"),
-            Some(1024)
-        );
     }
 
     #[test]

@@ -604,6 +604,20 @@ pub async fn container_status(
         .map(|r| r.into_inner().status.unwrap_or_default())
 }
 
+/// The JSON of a verbose ContainerStatus' `info` key (pid, sandbox, spec, snapshot, bundle).
+pub async fn container_info(c: &CriClient, id: &str) -> serde_json::Value {
+    let verbose = c
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .expect("ContainerStatus")
+        .into_inner();
+    serde_json::from_str(verbose.info.get("info").expect("info key")).expect("info JSON")
+}
+
 /// Waits (up to 10 s) until container `id` exited; returns its status.
 pub async fn wait_exited(c: &CriClient, id: &str) -> cri::ContainerStatus {
     for _ in 0..500 {
@@ -750,4 +764,21 @@ impl Drop for CgroupRoot {
             }
         }
     }
+}
+
+/// The cgroup file `file` of `controller` for container `id` (its path from the bundle).
+pub fn cgroup_file(d: &Daemon, id: &str, controller: &str, file: &str) -> PathBuf {
+    let spec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(d.root().join("containers").join(id).join("config.json")).expect("spec"),
+    )
+    .expect("json");
+    let path = spec
+        .pointer("/linux/cgroupsPath")
+        .and_then(|v| v.as_str())
+        .expect("cgroupsPath")
+        .to_string();
+    let layout = berth::runtime::cgroups::Layout::detect().expect("layout");
+    berth::metrics::cgroup_stats::controller_dir(&layout, controller, &path)
+        .expect("controller")
+        .join(file)
 }
