@@ -131,22 +131,25 @@ async fn pod_metrics_match_the_cgroup_and_the_pod_network() {
         });
     let id = run_container(&c, &pod, &pod_cfg, config).await;
     let status = container_status(&c, &id).await.expect("status");
-    // The written file is in the writable layer.
-    for _ in 0..100 {
-        if exec(&c, &id, &["test", "-s", "/written"], 5)
-            .await
-            .is_ok_and(|r| r.exit_code == 0)
-        {
-            break;
+    // The file is written and the shell has become `sleep`: one process in the cgroup.
+    let procs = cgroup_file(&d, &id, "memory", "cgroup.procs");
+    let mut pid = None;
+    for _ in 0..200 {
+        let pids: Vec<u32> = std::fs::read_to_string(&procs)
+            .expect("cgroup.procs")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if let [only] = pids[..] {
+            let comm = std::fs::read_to_string(format!("/proc/{only}/comm")).unwrap_or_default();
+            if comm.trim() == "sleep" {
+                pid = Some(only);
+                break;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let pid: u32 = std::fs::read_to_string(cgroup_file(&d, &id, "memory", "cgroup.procs"))
-        .expect("cgroup.procs")
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("the container's process");
+    let pid = pid.expect("the container's shell became sleep");
     let usage_file = cgroup_file(
         &d,
         &id,
