@@ -17,6 +17,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// CRI gRPC socket path (unix).
     pub socket: PathBuf,
+    /// Group (name or gid) whose members may use the CRI socket and the agent's control
+    /// socket, both mode 0660; empty: root's group only.
+    pub socket_group: String,
     /// Log level: error, warn, info, debug or trace (or a `target=level,...` list).
     pub log_level: String,
     /// Registry settings.
@@ -114,6 +117,7 @@ impl Default for Config {
             root: PathBuf::from("/var/lib/berth"),
             state_dir: PathBuf::from("/run/berth"),
             socket: PathBuf::from("/run/berth/berth.sock"),
+            socket_group: String::new(),
             log_level: "info".to_string(),
             registry: RegistryConfig::default(),
             cni: CniConfig::default(),
@@ -244,6 +248,8 @@ impl Config {
                 "stream.tls_cert and stream.tls_key go together".into(),
             ));
         }
+        crate::socket_access::resolve_group(&self.socket_group)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.registry.max_concurrent_downloads == 0 {
             return Err(ConfigError::Invalid(
                 "registry.max_concurrent_downloads must be at least 1".into(),

@@ -138,6 +138,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     cri::serve(
         lock,
         &config.socket,
+        crate::socket_access::resolve_group(&config.socket_group)?,
         RuntimeApi::new(images.clone(), sandboxes.clone(), containers).with_stream_server(stream),
         ImageApi::new(images),
         shutdown,

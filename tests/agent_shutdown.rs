@@ -14,6 +14,8 @@ fn berthctl(a: &Agent, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
         .arg("--agent-address")
         .arg(format!("127.0.0.1:{}", a.port()))
+        .arg("--agent-socket")
+        .arg(a.daemon.state().join("agent/agent.sock"))
         .args(args)
         .output()
         .expect("run berthctl")
@@ -34,10 +36,13 @@ async fn node_shutdown_ends_regular_pods_then_critical_ones() {
     start_regular_and_critical_pods(&a, "sleep 1");
 
     let port = a.port();
+    let socket = a.daemon.state().join("agent/agent.sock");
     let shutdown = std::thread::spawn(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
             .arg("--agent-address")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--agent-socket")
+            .arg(&socket)
             .args(["-o", "json", "node", "shutdown"])
             .output()
             .expect("run berthctl node shutdown")
@@ -142,6 +147,23 @@ async fn shutdown_off_by_default_and_sigterm_leaves_pods_running() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("graceful node shutdown is off"), "{err}");
+    // Any local user reaches the TCP endpoint: it reads, it never shuts the node down. The
+    // control socket is root's and its group's only.
+    let (code, body) = a.request("POST", "/node/shutdown");
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("agent.sock"),
+        "{body}"
+    );
+    let meta =
+        std::fs::metadata(a.daemon.state().join("agent/agent.sock")).expect("control socket");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o660
+    );
 
     // berthctl's other agent views.
     let pods = berthctl(&a, &["pods", "--agent"]);

@@ -345,6 +345,20 @@ async fn requests_are_checked_and_bad_or_expired_tokens_fail_cleanly() {
     )
     .await;
     assert_eq!(status, 404);
+    // An exec token on the attach path is refused, and spent: not usable for exec after.
+    let other = exec_url(&c, &id, &["true"], (false, true, false, false))
+        .await
+        .expect("Exec");
+    let (kind_start, token) = other.rsplit_once('/').expect("token");
+    let as_attach = format!(
+        "{}/attach/{token}",
+        kind_start.rsplit_once('/').expect("base").0
+    );
+    let spdy = [("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1")];
+    let (status, ..) = upgrade(&as_attach, "POST", &spdy).await;
+    assert_eq!(status, 404);
+    let (status, ..) = upgrade(&other, "POST", &spdy).await;
+    assert_eq!(status, 404);
     // An expired one.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, ..) = upgrade(

@@ -49,6 +49,14 @@ pub enum AgentError {
         address: String,
         error: std::io::Error,
     },
+    /// The control socket could not be bound.
+    #[error("agent: control socket: {0}")]
+    ControlSocket(#[from] crate::socket_access::SocketAccessError),
+}
+
+/// The agent's control socket (node actions) under berthd's state directory.
+pub fn control_socket_path(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("agent/agent.sock")
 }
 
 /// What every part of the agent shares.
@@ -188,15 +196,20 @@ pub async fn start(
     }
     tracing::info!(address = %local.map(|a| a.to_string()).unwrap_or_else(|| cfg.address.clone()), manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
     let shutdown_manager = shutdown::ShutdownManager::new(ctx.clone());
-    tokio::spawn(server::serve(
-        listener,
-        Arc::new(server::Endpoint {
-            ctx: ctx.clone(),
-            node: node_status.clone(),
-            shutdown: shutdown_manager.clone(),
-            metrics: metrics::registry(ctx.clone()),
-        }),
-    ));
+    // The control socket admits whom the CRI socket admits.
+    let control_socket = control_socket_path(state_dir);
+    let _ = std::fs::remove_file(&control_socket);
+    let control =
+        crate::socket_access::bind(&control_socket, crate::socket_access::group_of(socket))?;
+    let endpoint = Arc::new(server::Endpoint {
+        ctx: ctx.clone(),
+        node: node_status.clone(),
+        shutdown: shutdown_manager.clone(),
+        metrics: metrics::registry(ctx.clone()),
+        control_socket,
+    });
+    tokio::spawn(server::serve(listener, endpoint.clone()));
+    tokio::spawn(server::serve_control(control, endpoint));
     let shutdown_groups = shutdown::groups(cfg);
     if !shutdown_groups.is_empty() {
         let grace = Duration::from_secs(

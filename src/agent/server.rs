@@ -1,8 +1,9 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
 //! `/node`, `/node/reports`, `/gc` (garbage collection counters), `/manifests` (per-file
 //! manifest errors and warnings), `/configz` (the effective agent configuration) and `/metrics`
-//! (Prometheus); `POST /node/shutdown` (from loopback only) starts a graceful
-//! node shutdown and answers with its report when every pod has ended.
+//! (Prometheus), on TCP for anyone on the machine; the same routes and `POST /node/shutdown`
+//! (a graceful node shutdown, answered with its report when every pod has ended) on the
+//! control socket, which only root and the CRI socket's group may use.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,50 +29,85 @@ pub struct Endpoint {
     pub shutdown: Arc<ShutdownManager>,
     /// The agent's Prometheus metrics.
     pub metrics: prometheus_client::registry::Registry,
+    /// The control socket (named in the TCP endpoint's refusals).
+    pub control_socket: std::path::PathBuf,
 }
 
-/// Serves the endpoint on `listener` forever.
+/// Serves the read-only endpoint on `listener` (TCP) forever.
 pub async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "agent endpoint: accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let endpoint = endpoint.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let endpoint = endpoint.clone();
-                async move {
-                    if req.method() == Method::POST
-                        && req.uri().path().trim_end_matches('/') == "/node/shutdown"
-                    {
-                        return Ok::<_, Infallible>(
-                            shutdown(&endpoint, peer.ip().is_loopback()).await,
-                        );
-                    }
-                    if req.uri().path() == "/metrics" {
-                        return Ok(crate::metrics::endpoint::respond(
-                            &endpoint.metrics,
-                            req.method(),
-                            "/metrics",
-                        ));
-                    }
-                    Ok(route(&req, &endpoint.ctx, &endpoint.node))
+        match listener.accept().await {
+            Ok((stream, _)) => spawn_connection(stream, endpoint.clone(), Access::ReadOnly),
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+/// Serves the control socket (unix, mode 0660): the read-only routes and `POST /node/shutdown`.
+pub async fn serve_control(listener: tokio::net::UnixListener, endpoint: Arc<Endpoint>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => spawn_connection(stream, endpoint.clone(), Access::Control),
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+/// What a connection may do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Reads only: the TCP endpoint, reachable by any local user.
+    ReadOnly,
+    /// Reads and node actions: the control socket, reachable by root and the socket group.
+    Control,
+}
+
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "agent endpoint: accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn spawn_connection<S>(stream: S, endpoint: Arc<Endpoint>, access: Access)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let endpoint = endpoint.clone();
+            async move {
+                if req.method() == Method::POST
+                    && req.uri().path().trim_end_matches('/') == "/node/shutdown"
+                {
+                    return Ok::<_, Infallible>(match access {
+                        Access::Control => shutdown(&endpoint).await,
+                        Access::ReadOnly => error(
+                            StatusCode::FORBIDDEN,
+                            "Forbidden",
+                            format!(
+                                "the agent's TCP endpoint is read-only; node shutdown is accepted on its control socket {}",
+                                endpoint.control_socket.display()
+                            ),
+                        ),
+                    });
                 }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "agent endpoint: connection ended");
+                if req.uri().path() == "/metrics" {
+                    return Ok(crate::metrics::endpoint::respond(
+                        &endpoint.metrics,
+                        req.method(),
+                        "/metrics",
+                    ));
+                }
+                Ok(route(&req, &endpoint.ctx, &endpoint.node))
             }
         });
-    }
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(std::time::Duration::from_secs(10))
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "agent endpoint: connection ended");
+        }
+    });
 }
 
 fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
@@ -102,14 +138,7 @@ fn error(status: StatusCode, reason: &str, message: String) -> Response<Full<Byt
 }
 
 /// `POST /node/shutdown`: runs the graceful node shutdown and answers with its report.
-async fn shutdown(endpoint: &Endpoint, from_loopback: bool) -> Response<Full<Bytes>> {
-    if !from_loopback {
-        return error(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            "node shutdown is only accepted from this machine (loopback)".into(),
-        );
-    }
+async fn shutdown(endpoint: &Endpoint) -> Response<Full<Bytes>> {
     // Its own task: a client that hangs up must not cancel a shutdown half-way through.
     let manager = endpoint.shutdown.clone();
     let outcome = match tokio::spawn(async move { manager.shutdown().await }).await {
@@ -138,7 +167,8 @@ fn route(req: &Request<Incoming>, ctx: &AgentContext, node: &NodeStatus) -> Resp
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            "the agent endpoint is read-only (except POST /node/shutdown)".into(),
+            "the agent endpoint is read-only (POST /node/shutdown goes to its control socket)"
+                .into(),
         );
     }
     let path = req.uri().path().trim_end_matches('/');

@@ -49,6 +49,14 @@ struct Cli {
         default_value = "127.0.0.1:10255"
     )]
     agent_address: String,
+    /// The node agent's control socket (for `node shutdown`).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_AGENT_SOCKET",
+        default_value = "/run/berth/agent/agent.sock"
+    )]
+    agent_socket: String,
     /// Seconds before a call gives up.
     #[arg(long, global = true, default_value_t = 600)]
     timeout: u64,
@@ -258,7 +266,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node { action: None } => return agent::node(&cli.agent_address, json),
         Command::Node {
             action: Some(NodeAction::Shutdown),
-        } => return agent::shutdown(&cli.agent_address, json),
+        } => return agent::shutdown(&cli.agent_socket, json),
         _ => {}
     }
     let path = socket_path(&cli.endpoint);

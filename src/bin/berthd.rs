@@ -28,6 +28,9 @@ struct Cli {
     /// CRI socket path.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Group (name or gid) allowed to use the CRI and agent sockets (mode 0660).
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
     /// Log level (error, warn, info, debug, trace, or target=level,...).
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -184,6 +187,9 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.socket {
         cfg.socket = v.clone();
+    }
+    if let Some(v) = &cli.socket_group {
+        cfg.socket_group = v.clone();
     }
     if let Some(v) = &cli.log_level {
         cfg.log_level = v.clone();

@@ -6,7 +6,6 @@
 //! itself and enforces the deadline in [`with_deadline`]. Each connection reaches hyper through
 //! [`AuthorityFilter`], which drops the socket path that older gRPC clients send as `:authority`.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,6 @@ use hyper_util::service::TowerToHyperService;
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use k8s_cri::v1alpha2 as a2;
-use tokio::net::UnixListener;
 use tonic::service::Routes;
 use tower::{Service, ServiceExt};
 
@@ -170,6 +168,7 @@ fn routes(runtime: RuntimeApi, images: ImageApi) -> Routes {
 pub async fn serve(
     lock: std::fs::File,
     socket: &Path,
+    socket_gid: Option<u32>,
     runtime: RuntimeApi,
     images: ImageApi,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -185,10 +184,8 @@ pub async fn serve(
             return Err(e).with_context(|| format!("removing stale socket {}", socket.display()));
         }
     }
-    let listener = UnixListener::bind(socket)
+    let listener = crate::socket_access::bind(socket, socket_gid)
         .with_context(|| format!("binding CRI socket {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("setting mode of {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), "serving CRI v1 and v1alpha2");
 
     let lists = Arc::new(runtime.clone());

@@ -66,10 +66,13 @@ pub(super) async fn exec(
     // The client connects to the URL at once and the process will join the container's
     // cgroups: the head start on the cgroup-attach lock.
     crate::runtime::cgroup_attach::prime();
-    let url = server.url_for(crate::stream::Pending::Exec(cri::ExecRequest {
-        container_id: rec.id.clone(),
-        ..req
-    }));
+    let url = issue(
+        server,
+        crate::stream::Pending::Exec(cri::ExecRequest {
+            container_id: rec.id.clone(),
+            ..req
+        }),
+    )?;
     Ok(Response::new(cri::ExecResponse { url }))
 }
 
@@ -81,10 +84,13 @@ pub(super) async fn attach(
     let server = stream_server(api)?;
     check_streams("Attach", req.tty, req.stdin, req.stdout, req.stderr)?;
     let rec = api.containers.running(&req.container_id, "Attach")?;
-    let url = server.url_for(crate::stream::Pending::Attach(cri::AttachRequest {
-        container_id: rec.id.clone(),
-        ..req
-    }));
+    let url = issue(
+        server,
+        crate::stream::Pending::Attach(cri::AttachRequest {
+            container_id: rec.id.clone(),
+            ..req
+        }),
+    )?;
     Ok(Response::new(cri::AttachResponse { url }))
 }
 
@@ -106,11 +112,22 @@ pub(super) async fn port_forward(
             rec.id
         )));
     }
-    let url = server.url_for(crate::stream::Pending::PortForward(
-        cri::PortForwardRequest {
+    let url = issue(
+        server,
+        crate::stream::Pending::PortForward(cri::PortForwardRequest {
             pod_sandbox_id: rec.id,
             port: req.port,
-        },
-    ));
+        }),
+    )?;
     Ok(Response::new(cri::PortForwardResponse { url }))
+}
+
+/// A one-time URL for `pending`, or Unavailable when no unguessable token can be made.
+fn issue(
+    server: &crate::stream::StreamServer,
+    pending: crate::stream::Pending,
+) -> Result<String, Status> {
+    server.url_for(pending).ok_or_else(|| {
+        Status::unavailable("streaming: the kernel gave no randomness for a one-time token")
+    })
 }

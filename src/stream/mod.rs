@@ -53,37 +53,46 @@ impl Pending {
     }
 }
 
-/// One-time tokens, each valid until used or expired.
+/// One-time tokens (128 random bits), each valid once, for one verb, until it expires.
 struct Tokens {
     map: Mutex<HashMap<String, (Pending, Instant)>>,
     expiry: Duration,
 }
 
+/// Why a streaming URL was refused.
+#[derive(Debug, PartialEq, Eq)]
+enum TokenRefusal {
+    /// Never issued, already used, or expired.
+    Unknown,
+    /// Issued for another verb; the token is spent all the same.
+    OtherVerb(&'static str),
+}
+
 impl Tokens {
-    fn insert(&self, p: Pending) -> String {
+    /// A new token for `p`; None when the kernel gives no randomness (no guessable token is
+    /// ever issued).
+    fn insert(&self, p: Pending) -> Option<String> {
         let mut raw = [0u8; 16];
-        if getrandom::fill(&mut raw).is_err() {
-            // Never expected; a time-based token is still unique, if guessable.
-            raw[..16].copy_from_slice(
-                &(std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos())
-                .to_le_bytes(),
-            );
-        }
+        getrandom::fill(&mut raw).ok()?;
         let token = hex::encode(raw);
         let now = Instant::now();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, (_, t)| now.duration_since(*t) < self.expiry);
         map.insert(token.clone(), (p, now));
-        token
+        Some(token)
     }
 
-    fn take(&self, token: &str) -> Option<Pending> {
+    /// What `token` stands for, if it is live and was issued for `verb`; spent either way.
+    fn take(&self, verb: &str, token: &str) -> Result<Pending, TokenRefusal> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let (p, t) = map.remove(token)?;
-        (t.elapsed() < self.expiry).then_some(p)
+        let (p, t) = map.remove(token).ok_or(TokenRefusal::Unknown)?;
+        if t.elapsed() >= self.expiry {
+            return Err(TokenRefusal::Unknown);
+        }
+        if p.kind() != verb {
+            return Err(TokenRefusal::OtherVerb(p.kind()));
+        }
+        Ok(p)
     }
 }
 
@@ -199,11 +208,11 @@ impl StreamServer {
         &self.base_url
     }
 
-    /// A one-time URL for `p`.
-    pub fn url_for(&self, p: Pending) -> String {
+    /// A one-time URL for `p`; None when no unguessable token can be made.
+    pub fn url_for(&self, p: Pending) -> Option<String> {
         let kind = p.kind();
-        let token = self.tokens.insert(p);
-        format!("{}/{kind}/{token}", self.base_url)
+        let token = self.tokens.insert(p)?;
+        Some(format!("{}/{kind}/{token}", self.base_url))
     }
 
     async fn accept_loop(
@@ -259,21 +268,32 @@ impl StreamServer {
     }
 
     fn route(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let path = req.uri().path().trim_matches('/').to_string();
-        let mut parts = path.splitn(2, '/');
-        let (kind, token) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        if !matches!(kind, "exec" | "attach" | "portforward") || token.is_empty() {
+        let path = req.uri().path().to_string();
+        let Some((kind, token)) = path
+            .strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .filter(|(k, t)| {
+                matches!(*k, "exec" | "attach" | "portforward") && !t.is_empty() && !t.contains('/')
+            })
+        else {
             return text(StatusCode::NOT_FOUND, "not found");
-        }
-        let Some(pending) = self.tokens.take(token) else {
-            return text(
-                StatusCode::NOT_FOUND,
-                "unknown or expired streaming token (they are single-use and expire unused)",
-            );
         };
-        if pending.kind() != kind {
-            return text(StatusCode::NOT_FOUND, "token is for another kind of stream");
-        }
+        let pending = match self.tokens.take(kind, token) {
+            Ok(p) => p,
+            Err(TokenRefusal::Unknown) => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "unknown or expired streaming token (they are single-use and expire unused)",
+                );
+            }
+            Err(TokenRefusal::OtherVerb(issued)) => {
+                tracing::warn!(path = %path, issued, "streaming token used for another verb; spent");
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!("streaming token was issued for {issued}, not {kind}; it is spent"),
+                );
+            }
+        };
         let upgrade = header_list(req.headers(), "upgrade");
         let ws = upgrade.iter().any(|u| u.eq_ignore_ascii_case("websocket"));
         let spdy = upgrade.iter().any(|u| u.eq_ignore_ascii_case("SPDY/3.1"));
@@ -476,20 +496,38 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_single_use_and_expire() {
+    fn tokens_are_single_use_bound_to_their_verb_and_expire() {
         let t = Tokens {
             map: Mutex::new(HashMap::new()),
             expiry: Duration::from_millis(50),
         };
         let p = || Pending::PortForward(cri::PortForwardRequest::default());
-        let a = t.insert(p());
-        let b = t.insert(p());
+        let a = t.insert(p()).expect("token");
+        let b = t.insert(p()).expect("token");
+        let c = t.insert(p()).expect("token");
         assert_ne!(a, b);
-        assert_eq!(a.len(), 32);
-        assert!(t.take(&a).is_some());
-        assert!(t.take(&a).is_none(), "second use");
+        assert_eq!(a.len(), 32, "128 bits");
+        assert!(t.take("portforward", &a).is_ok());
+        assert_eq!(
+            t.take("portforward", &a).err(),
+            Some(TokenRefusal::Unknown),
+            "second use"
+        );
+        assert_eq!(
+            t.take("exec", &c).err(),
+            Some(TokenRefusal::OtherVerb("portforward"))
+        );
+        assert_eq!(
+            t.take("portforward", &c).err(),
+            Some(TokenRefusal::Unknown),
+            "a token tried on another verb is spent"
+        );
         std::thread::sleep(Duration::from_millis(60));
-        assert!(t.take(&b).is_none(), "expired");
-        assert!(t.take("nope").is_none());
+        assert_eq!(
+            t.take("portforward", &b).err(),
+            Some(TokenRefusal::Unknown),
+            "expired"
+        );
+        assert!(t.take("portforward", "nope").is_err());
     }
 }

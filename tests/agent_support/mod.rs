@@ -122,12 +122,19 @@ impl Agent {
 
     /// GET `path` on the agent endpoint: status code and JSON body (Null when not JSON).
     pub fn get(&self, path: &str) -> (u16, Value) {
+        self.request("GET", path)
+    }
+
+    /// `method path` on the agent endpoint: status code and JSON body (Null when not JSON).
+    pub fn request(&self, method: &str, path: &str) -> (u16, Value) {
         use std::io::{Read, Write};
         let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port())) else {
             return (0, Value::Null);
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
         if s.write_all(req.as_bytes()).is_err() {
             return (0, Value::Null);
         }

@@ -1,4 +1,5 @@
-//! Commands that read the node agent's endpoint: `pods --agent`, `node`, `node shutdown`.
+//! Commands that speak to the node agent: `pods --agent` and `node` read its endpoint;
+//! `node shutdown` goes to its control socket.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -8,39 +9,84 @@ use serde_json::Value;
 
 use crate::print_json;
 
-/// One HTTP/1.1 request to the agent endpoint `address`; the status code and JSON body.
+/// Where the agent is reached: its TCP endpoint (reads) or its control socket (node actions).
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    Endpoint(&'a str),
+    ControlSocket(&'a str),
+}
+
+impl std::fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Endpoint(a) => write!(f, "{a}"),
+            Target::ControlSocket(p) => write!(f, "unix:{p}"),
+        }
+    }
+}
+
+/// Something HTTP can be spoken over.
+trait Connection: Read + Write {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl Connection for std::net::TcpStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        std::net::TcpStream::set_read_timeout(self, t)
+    }
+}
+
+impl Connection for std::os::unix::net::UnixStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        std::os::unix::net::UnixStream::set_read_timeout(self, t)
+    }
+}
+
+/// One HTTP/1.1 request to the agent at `target`; the status code and JSON body.
 fn call(
-    address: &str,
+    target: Target<'_>,
     method: &str,
     path: &str,
     timeout: Duration,
 ) -> anyhow::Result<(u16, Value)> {
-    let mut s = std::net::TcpStream::connect(address).with_context(|| {
-        format!("connecting to the node agent at {address} (is berthd running with its agent on?)")
-    })?;
+    let mut s: Box<dyn Connection> = match target {
+        Target::Endpoint(address) => Box::new(std::net::TcpStream::connect(address).with_context(
+            || format!("connecting to the node agent at {address} (is berthd running with its agent on?)"),
+        )?),
+        Target::ControlSocket(path) => Box::new(
+            std::os::unix::net::UnixStream::connect(path).with_context(|| {
+                format!("connecting to the node agent's control socket {path} (is berthd running with its agent on, and may this user use its socket?)")
+            })?,
+        ),
+    };
     s.set_read_timeout(Some(timeout))?;
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes())
-        .with_context(|| format!("sending {method} {path} to {address}"))?;
+        .with_context(|| format!("sending {method} {path} to {target}"))?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)
-        .with_context(|| format!("reading the answer to {method} {path} from {address}"))?;
+        .with_context(|| format!("reading the answer to {method} {path} from {target}"))?;
     let text = String::from_utf8_lossy(&buf);
     let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .with_context(|| format!("{address} did not answer HTTP"))?;
+        .with_context(|| format!("{target} did not answer HTTP"))?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     let value = serde_json::from_str(body).unwrap_or(Value::Null);
     Ok((code, value))
 }
 
 /// A successful answer's body, or the endpoint's error message.
-fn get_ok(address: &str, method: &str, path: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let (code, v) = call(address, method, path, timeout)?;
+fn get_ok(
+    target: Target<'_>,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<Value> {
+    let (code, v) = call(target, method, path, timeout)?;
     if !(200..300).contains(&code) {
         bail!(
             "{method} {path}: HTTP {code}: {}",
@@ -52,7 +98,12 @@ fn get_ok(address: &str, method: &str, path: &str, timeout: Duration) -> anyhow:
 
 /// `berthctl pods --agent`: the agent's pods as kubectl shows them.
 pub fn pods(address: &str, json: bool, quiet: bool) -> anyhow::Result<()> {
-    let list = get_ok(address, "GET", "/pods", Duration::from_secs(10))?;
+    let list = get_ok(
+        Target::Endpoint(address),
+        "GET",
+        "/pods",
+        Duration::from_secs(10),
+    )?;
     let items = list["items"].as_array().cloned().unwrap_or_default();
     if json {
         return print_json(&list);
@@ -119,7 +170,12 @@ fn pod_status(p: &Value) -> String {
 
 /// `berthctl node`: the node's conditions, resources and identity.
 pub fn node(address: &str, json: bool) -> anyhow::Result<()> {
-    let node = get_ok(address, "GET", "/node", Duration::from_secs(10))?;
+    let node = get_ok(
+        Target::Endpoint(address),
+        "GET",
+        "/node",
+        Duration::from_secs(10),
+    )?;
     if json {
         return print_json(&node);
     }
@@ -185,10 +241,10 @@ pub fn node(address: &str, json: bool) -> anyhow::Result<()> {
 
 /// `berthctl node shutdown`: asks the agent to end every pod as for a node shutdown and prints
 /// what it did.
-pub fn shutdown(address: &str, json: bool) -> anyhow::Result<()> {
+pub fn shutdown(control_socket: &str, json: bool) -> anyhow::Result<()> {
     // Every group may take its whole grace period: wait as long as the agent needs.
     let report = get_ok(
-        address,
+        Target::ControlSocket(control_socket),
         "POST",
         "/node/shutdown",
         Duration::from_secs(24 * 3600),
