@@ -44,6 +44,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
     let store = Store::open(&config.db_path())?;
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
+    crate::runtime::dir_modes::secure_layout(&config.root, &config.state_dir)
+        .context("setting the modes of Berth's directories")?;
     // Pods with their own user namespace need idmapped mounts of both directories.
     let (root, state) = (config.root.clone(), config.state_dir.clone());
     tokio::task::spawn_blocking(move || {

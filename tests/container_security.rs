@@ -236,6 +236,60 @@ async fn run_as_user_group_and_supplemental_groups_reach_the_process() {
     remove_pod(&env.c, &env.pod).await;
 }
 
+/// No user of the host but root reaches a container's files, its spec or Berth's database
+/// through Berth's directories, while the container's own non-root user works as before.
+#[tokio::test]
+async fn host_users_cannot_reach_a_containers_files() {
+    let env = Env::new("closed").await;
+    let id = env
+        .run(env.container(
+            "closed",
+            "echo secret > /tmp/f && exec sleep 1000",
+            cri::LinuxContainerSecurityContext {
+                run_as_user: Some(cri::Int64Value { value: 1001 }),
+                ..sc()
+            },
+        ))
+        .await;
+    let (root, state) = (env.d.root(), env.d.state());
+    let bundle = root.join("containers").join(&id);
+    for _ in 0..100 {
+        if bundle.join("rootfs/tmp/f").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closed = [
+        (root.clone(), bundle.join("rootfs/tmp/f")),
+        (root.clone(), bundle.join("rootfs/bin/busybox")),
+        (root.clone(), bundle.join("config.json")),
+        (root.clone(), root.join("berth.redb")),
+        (
+            state.clone(),
+            state.join("sandboxes").join(&env.pod).join("shm"),
+        ),
+        (
+            state.clone(),
+            state.join("sandboxes").join(&env.pod).join("hosts"),
+        ),
+    ];
+    for (top, path) in &closed {
+        assert!(path.exists(), "{} exists", path.display());
+        assert!(
+            !berth::runtime::dir_modes::others_can_read(top, path),
+            "{} is closed to other users",
+            path.display()
+        );
+    }
+    // The container's own user (1001) wrote its file through the closed directories.
+    assert_eq!(
+        std::fs::read_to_string(bundle.join("rootfs/tmp/f")).expect("written"),
+        "secret\n"
+    );
+    env.remove(&id).await;
+    remove_pod(&env.c, &env.pod).await;
+}
+
 #[tokio::test]
 async fn privileged_and_all_capabilities() {
     let env = Env::new("caps").await;

@@ -198,10 +198,17 @@ impl ContainerCreator {
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
         };
+        let pod_userns = pod_user_namespace(sandbox, config)?;
+        // Root's alone (the rootfs holds the image's setuid files), or the pod root's when
+        // the container's process walks to its rootfs from inside the pod's user namespace.
         let bundle = self.root.join("containers").join(id);
-        std::fs::create_dir_all(bundle.join("rootfs"))
-            .map_err(|e| internal("creating the bundle", &e))?;
         prepared.bundle = Some(bundle.clone());
+        super::dir_modes::ensure_owned(
+            &bundle,
+            pod_userns.as_ref().map(|(_, ids)| ids.root_on_host()),
+        )
+        .and_then(|()| std::fs::create_dir_all(bundle.join("rootfs")))
+        .map_err(|e| internal("creating the bundle", &e))?;
         let snapshots = self.images.snapshotter();
         let key = format!("container-{id}");
         let parent = image.chain_ids.last().map(String::as_str);
@@ -210,7 +217,6 @@ impl ContainerCreator {
             .map_err(|e| internal("preparing the rootfs snapshot", &e))?;
         prepared.snapshot = Some(key);
         let rootfs = bundle.join("rootfs");
-        let pod_userns = pod_user_namespace(sandbox, config)?;
         match &pod_userns {
             None => {
                 for m in &mounts {

@@ -8,6 +8,7 @@ pub mod container_exit;
 pub mod container_stream;
 pub mod container_update;
 pub mod decoded;
+pub mod dir_modes;
 pub mod events;
 pub mod names;
 pub mod pin;

@@ -536,7 +536,9 @@ impl SandboxManager {
         config: &cri::PodSandboxConfig,
         host_net: bool,
     ) -> Result<(), SandboxError> {
-        std::fs::create_dir_all(&rec.dir)
+        // Root's alone (the pod's /dev/shm is below), or its pod root's, whose containers
+        // reach the files below by path from inside the pod's user namespace.
+        super::dir_modes::ensure_owned(&rec.dir, rec.user_ids.map(|ids| ids.root_on_host()))
             .map_err(internal(format!("creating {}", rec.dir.display())))?;
         // As containerd: the node's name for host-network pods and when the pod names none.
         let hostname = if host_net || config.hostname.is_empty() {
