@@ -1,6 +1,6 @@
 //! berthd crashes (kill -9) and hung shims: running containers keep running and logging,
-//! exits during the outage are reported, half-created containers are rolled back, and one
-//! stopped shim does not hold up anybody else.
+//! exits during the outage are reported, half-created containers are rolled back, what no
+//! record names is removed at start, and one stopped shim does not hold up anybody else.
 
 mod common;
 
@@ -194,6 +194,84 @@ async fn running_containers_survive_kill_9_and_half_created_ones_are_rolled_back
     assert!(log_lines(&logs.join("logger.log")) > n, "still logging");
     remove_pod(&c, &pod).await;
     assert!(containers(&c).await.is_empty());
+}
+
+/// A berthd killed after preparing a container (bundle, mounted rootfs, snapshot) or a pod's
+/// directory (pins, /dev/shm) but before saving its record: the next start removes them.
+#[tokio::test]
+async fn what_no_record_names_is_removed_at_start() {
+    let mut d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let mode = cri::NamespaceMode::Container;
+    let pod_cfg = pod_config("unnamed", &logs, mode);
+    let pod = run_pod(&c, &pod_cfg).await;
+    let snapshots_before = d.snapshot_dirs();
+    let kept = run_container(
+        &c,
+        &pod,
+        &pod_cfg,
+        sh_container("kept", &busybox, "exec sleep 1000", mode),
+    )
+    .await;
+    let lost = c
+        .runtime()
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(sh_container("lost", &busybox, "exec sleep 1000", mode)),
+            sandbox_config: Some(pod_cfg.clone()),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .container_id;
+    let bundle = d.root().join("containers").join(&lost);
+    assert!(mounted(&bundle.join("rootfs")));
+    assert_eq!(d.snapshot_dirs().len(), snapshots_before.len() + 2);
+
+    // The crash came before the record was saved: no record, no shim; the bundle, its mount
+    // and its snapshot are there.
+    d.kill9();
+    let _ = std::process::Command::new("pkill")
+        .args(["-9", "-f"])
+        .arg(format!("berth-shim.*{lost}"))
+        .status();
+    {
+        let store = berth::store::Store::open(&d.root().join("berth.redb")).expect("store");
+        store
+            .delete_record(berth::store::CONTAINERS, &lost)
+            .expect("forget the record");
+    }
+    // ... and a pod directory whose record was never saved, with a tmpfs /dev/shm in it.
+    let ghost = d.state().join("sandboxes/ghost");
+    std::fs::create_dir_all(ghost.join("shm")).expect("ghost dir");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(ghost.join("shm"))
+        .status()
+        .expect("mount");
+    assert!(status.success());
+
+    d.spawn();
+    let c = d.client().await;
+    assert!(!mounted(&bundle.join("rootfs")), "the rootfs is unmounted");
+    assert!(!bundle.exists(), "the bundle is gone");
+    assert!(
+        !mounted(&ghost.join("shm")) && !ghost.exists(),
+        "the pod dir is gone"
+    );
+    assert_eq!(
+        d.snapshot_dirs().len(),
+        snapshots_before.len() + 1,
+        "only the kept container's snapshot is left"
+    );
+    let listed = containers(&c).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, kept);
+    assert_eq!(exec_ok(&c, &kept, &["echo", "alive"]).await, "alive\n");
+    remove_pod(&c, &pod).await;
 }
 
 #[tokio::test]

@@ -219,6 +219,16 @@ impl ContainerManager {
                 manager.recover(&rec);
             }
         }
+        let known = manager.table.all().iter().map(|r| r.id.clone()).collect();
+        let swept = manager.creator.remove_unrecorded(&known);
+        if swept != Default::default() {
+            tracing::info!(
+                bundles = swept.dirs,
+                mounts = swept.mounts,
+                snapshots = swept.snapshots,
+                "removed what no container record names"
+            );
+        }
         Ok(manager)
     }
 

@@ -101,6 +101,22 @@ impl ContainerCreator {
         }
     }
 
+    /// Removes bundles (with their mounts) and container snapshots that name no container in
+    /// `known`: what a berthd killed while preparing a container left. Blocking.
+    pub fn remove_unrecorded(
+        &self,
+        known: &std::collections::HashSet<String>,
+    ) -> super::unrecorded::Swept {
+        let mut swept = super::unrecorded::sweep_dirs(
+            &self.root.join("containers"),
+            known,
+            &[DOOMED_PREFIX],
+            "container bundle",
+        );
+        swept.snapshots = super::unrecorded::sweep_snapshots(&self.images, known);
+        swept
+    }
+
     /// Checks the request and prepares the bundle; on error nothing is left behind.
     /// `id` is the new container's (already reserved with its name); `target_pid_ns` is the
     /// PID namespace of the container PID mode TARGET names. Blocking (mounts, files): the

@@ -19,4 +19,5 @@ pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;
 pub mod spec_user;
+pub mod unrecorded;
 pub mod userns;

@@ -224,6 +224,20 @@ impl SandboxManager {
                 names::fingerprint_from_hex(&rec.fingerprint_hex),
             );
         }
+        let known = manager.records()?.iter().map(|r| r.id.clone()).collect();
+        let swept = super::unrecorded::sweep_dirs(
+            &manager.state_dir.join("sandboxes"),
+            &known,
+            &[],
+            "pod sandbox directory",
+        );
+        if swept != Default::default() {
+            tracing::info!(
+                dirs = swept.dirs,
+                mounts = swept.mounts,
+                "removed what no sandbox record names"
+            );
+        }
         Ok(manager)
     }
 

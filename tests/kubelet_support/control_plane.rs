@@ -308,15 +308,20 @@ impl ControlPlane {
         });
     }
 
-    /// Creates namespace `ns` and waits for its default service account (pods need it).
+    /// Creates namespace `ns` and waits for its default service account and the cluster CA's
+    /// configMap (every pod's token volume needs both; without the configMap the kubelet's
+    /// first mount fails).
     pub fn create_namespace(&self, ns: &str) {
         self.kubectl_ok(&["create", "namespace", ns]);
         self.wait(
-            "the namespace's service account",
+            "the namespace's service account and kube-root-ca.crt",
             Duration::from_secs(60),
             |cp| {
                 cp.kubectl(&["-n", ns, "get", "serviceaccount", "default"])
                     .0
+                    && cp
+                        .kubectl(&["-n", ns, "get", "configmap", "kube-root-ca.crt"])
+                        .0
             },
         );
     }
