@@ -13,7 +13,7 @@ use k8s_cri::v1 as cri;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::websocket::{self as ws, Reader as WsReader, Writer as WsWriter};
+use super::websocket as ws;
 use super::{Activity, StreamServer, spdy};
 
 /// SPDY protocol versions.
@@ -190,24 +190,19 @@ async fn forward_spdy(server: &StreamServer, sandbox: &str, err: spdy::Stream, d
 
 /// A WebSocket connection as a byte stream: binary messages in both directions (for SPDY
 /// tunneled in WebSocket).
-fn websocket_bytes<T>(io: T, activity: Activity) -> tokio::io::DuplexStream
+async fn websocket_bytes<T>(io: T, activity: Activity) -> tokio::io::DuplexStream
 where
-    T: AsyncRead + AsyncWrite + Send + 'static,
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (ours, theirs) = tokio::io::duplex(256 * 1024);
-    let (rd, wr) = tokio::io::split(io);
+    let (mut r, mut w) = ws::server(io).await;
     let (mut d_rd, mut d_wr) = tokio::io::split(ours);
-    let (pong_tx, mut pong_rx) = mpsc::channel::<Bytes>(4);
     let act = activity.clone();
     tokio::spawn(async move {
-        let mut r = WsReader::new(rd);
         while let Ok(Some(m)) = r.next().await {
             act.touch();
             match m.opcode {
                 ws::OP_BINARY | ws::OP_TEXT if d_wr.write_all(&m.data).await.is_err() => break,
-                ws::OP_PING => {
-                    let _ = pong_tx.send(m.data).await;
-                }
                 ws::OP_CLOSE => break,
                 _ => {}
             }
@@ -215,23 +210,15 @@ where
         let _ = d_wr.shutdown().await;
     });
     tokio::spawn(async move {
-        let mut w = WsWriter::new(wr);
         let mut buf = vec![0u8; 32 * 1024];
         loop {
-            tokio::select! {
-                n = d_rd.read(&mut buf) => match n {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if w.send(ws::OP_BINARY, &buf[..n]).await.is_err() {
-                            return;
-                        }
-                        activity.touch();
-                    }
-                },
-                Some(p) = pong_rx.recv() => {
-                    if w.send(ws::OP_PONG, &p).await.is_err() {
+            match d_rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if w.send(ws::OP_BINARY, &buf[..n]).await.is_err() {
                         return;
                     }
+                    activity.touch();
                 }
             }
         }
@@ -249,11 +236,11 @@ pub async fn serve_websocket<T>(
     query: &str,
     io: T,
 ) where
-    T: AsyncRead + AsyncWrite + Send + 'static,
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let activity = Activity::default();
     if protocol.starts_with("SPDY/3.1+") {
-        let bytes = websocket_bytes(io, activity.clone());
+        let bytes = websocket_bytes(io, activity.clone()).await;
         let session = spdy::Session::start(bytes, activity.clone());
         serve_spdy(server, req, session, activity).await;
         return;
@@ -301,11 +288,10 @@ async fn serve_ws_channels<T>(
     io: T,
     activity: Activity,
 ) where
-    T: AsyncRead + AsyncWrite + Send + 'static,
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let base64 = protocol.contains("base64");
-    let (rd, wr) = tokio::io::split(io);
-    let mut w = WsWriter::new(wr);
+    let (mut r, mut w) = ws::server(io).await;
     let send = |ch: u8, data: &[u8]| {
         if base64 {
             let mut s = vec![b'0' + ch];
@@ -393,7 +379,6 @@ async fn serve_ws_channels<T>(
     drop(out_tx);
     let act = activity.clone();
     let reader = tokio::spawn(async move {
-        let mut r = WsReader::new(rd);
         while let Ok(Some(m)) = r.next().await {
             act.touch();
             let (ch, data) = match m.opcode {

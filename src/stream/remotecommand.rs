@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use super::fdio::{FdIo, set_winsize};
-use super::websocket::{self as ws, Reader as WsReader, Writer as WsWriter};
+use super::websocket as ws;
 use super::{Activity, Pending, StreamServer, spdy};
 use crate::runtime::container_stream::ShimSession;
 
@@ -69,7 +69,6 @@ fn version_of(protocol: &str) -> Version {
 /// Messages for the WebSocket writer task.
 enum WsOut {
     Data(u8, Bytes),
-    Pong(Bytes),
     Close,
 }
 
@@ -217,22 +216,21 @@ pub async fn serve_spdy(
 /// Serves exec/attach over a WebSocket connection.
 pub async fn serve_websocket<T>(server: Arc<StreamServer>, pending: Pending, protocol: &str, io: T)
 where
-    T: AsyncRead + AsyncWrite + Send + 'static,
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let Some(t) = target(pending) else { return };
     let version = version_of(protocol);
     let base64 = protocol.contains("base64");
     let activity = Activity::default();
-    let (rd, wr) = tokio::io::split(io);
+    let (rd, wr) = ws::server(io).await;
     let (out_tx, out_rx) = mpsc::channel::<WsOut>(64);
     let writer = tokio::spawn(ws_write_loop(wr, out_rx, base64, activity.clone()));
     let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(32);
     let (resize_tx, resize_rx) = mpsc::channel::<Bytes>(8);
     let (gone_tx, gone_rx) = watch::channel(false);
-    let pong = out_tx.clone();
     let act = activity.clone();
     let reader = tokio::spawn(async move {
-        ws_read_loop(rd, stdin_tx, resize_tx, pong, base64, act).await;
+        ws_read_loop(rd, stdin_tx, resize_tx, base64, act).await;
         let _ = gone_tx.send(true);
     });
     let sink = |c: u8| Some(Sink::Ws(c, out_tx.clone()));
@@ -261,13 +259,12 @@ where
     reader.abort();
 }
 
-async fn ws_write_loop<W: AsyncWrite + Unpin>(
-    wr: W,
+async fn ws_write_loop<T: AsyncRead + AsyncWrite + Unpin>(
+    mut w: ws::Writer<T>,
     mut rx: mpsc::Receiver<WsOut>,
     base64: bool,
     activity: Activity,
 ) {
-    let mut w = WsWriter::new(wr);
     while let Some(m) = rx.recv().await {
         let r = match m {
             WsOut::Data(ch, data) => {
@@ -283,7 +280,6 @@ async fn ws_write_loop<W: AsyncWrite + Unpin>(
                     w.send(ws::OP_BINARY, &b).await
                 }
             }
-            WsOut::Pong(p) => w.send(ws::OP_PONG, &p).await,
             WsOut::Close => {
                 w.close().await;
                 return;
@@ -297,15 +293,13 @@ async fn ws_write_loop<W: AsyncWrite + Unpin>(
     w.close().await;
 }
 
-async fn ws_read_loop<R: AsyncRead + Unpin>(
-    rd: R,
+async fn ws_read_loop<T: AsyncRead + AsyncWrite + Unpin>(
+    mut r: ws::Reader<T>,
     stdin: mpsc::Sender<Bytes>,
     resize: mpsc::Sender<Bytes>,
-    pong: mpsc::Sender<WsOut>,
     base64: bool,
     activity: Activity,
 ) {
-    let mut r = WsReader::new(rd);
     let mut stdin = Some(stdin);
     loop {
         let m = match r.next().await {
@@ -319,11 +313,7 @@ async fn ws_read_loop<R: AsyncRead + Unpin>(
         activity.touch();
         let (ch, data) = match m.opcode {
             ws::OP_CLOSE => return,
-            ws::OP_PING => {
-                let _ = pong.send(WsOut::Pong(m.data)).await;
-                continue;
-            }
-            ws::OP_PONG => continue,
+            ws::OP_PING | ws::OP_PONG => continue,
             ws::OP_TEXT if base64 => {
                 let Some((&c, rest)) = m.data.split_first() else {
                     continue;

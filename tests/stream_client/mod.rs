@@ -6,9 +6,13 @@ use std::time::Duration;
 
 use berth::stream::spdy::{self, HeaderCompressor, HeaderDecompressor};
 use berth::stream::websocket as ws;
+use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::Role;
 
 /// Splits `http://HOST:PORT/path` into address and path.
 pub fn split_url(url: &str) -> (String, String) {
@@ -227,10 +231,10 @@ impl Spdy {
     }
 }
 
-/// A WebSocket client (masks its frames).
+/// A WebSocket client: tungstenite in the client role (it masks its frames), after the HTTP
+/// upgrade above.
 pub struct Ws {
-    rd: ws::Reader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+    ws: WebSocketStream<TcpStream>,
     pub protocol: String,
 }
 
@@ -254,24 +258,17 @@ impl Ws {
             h.get("sec-websocket-accept").map(String::as_str),
             Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
         );
-        let (rd, wr) = s.into_split();
         Ws {
-            rd: ws::Reader::new(rd),
-            wr,
+            ws: WebSocketStream::from_raw_socket(s, Role::Client, None).await,
             protocol: h.get("sec-websocket-protocol").cloned().unwrap_or_default(),
         }
-    }
-
-    pub async fn send(&mut self, opcode: u8, payload: &[u8]) {
-        let f = ws::encode_frame(opcode, payload, Some([0x12, 0x34, 0x56, 0x78]));
-        self.wr.write_all(&f).await.expect("ws write");
     }
 
     /// Sends `data` on channel `ch` (binary protocols).
     pub async fn send_channel(&mut self, ch: u8, data: &[u8]) {
         let mut b = vec![ch];
         b.extend_from_slice(data);
-        self.send(ws::OP_BINARY, &b).await;
+        self.ws.send(Message::binary(b)).await.expect("ws write");
     }
 
     /// Collects channel data until the server closes (or `limit`).
@@ -280,20 +277,17 @@ impl Ws {
         let deadline = tokio::time::Instant::now() + limit;
         let base64 = self.protocol.contains("base64");
         loop {
-            match tokio::time::timeout_at(deadline, self.rd.next()).await {
-                Ok(Ok(Some(m))) if m.opcode == ws::OP_BINARY && !m.data.is_empty() => {
-                    out.entry(m.data[0])
-                        .or_default()
-                        .extend_from_slice(&m.data[1..]);
+            match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Ok(Some(Ok(Message::Binary(d)))) if !d.is_empty() => {
+                    out.entry(d[0]).or_default().extend_from_slice(&d[1..]);
                 }
-                Ok(Ok(Some(m))) if m.opcode == ws::OP_TEXT && base64 && !m.data.is_empty() => {
-                    let d = ws::base64_decode(&m.data[1..]).expect("base64");
-                    out.entry(m.data[0] - b'0')
-                        .or_default()
-                        .extend_from_slice(&d);
+                Ok(Some(Ok(Message::Text(t)))) if base64 && !t.is_empty() => {
+                    let t = t.as_bytes();
+                    let d = ws::base64_decode(&t[1..]).expect("base64");
+                    out.entry(t[0] - b'0').or_default().extend_from_slice(&d);
                 }
-                Ok(Ok(Some(m))) if m.opcode == ws::OP_CLOSE => return out,
-                Ok(Ok(Some(_))) => {}
+                Ok(Some(Ok(Message::Close(_)))) => return out,
+                Ok(Some(Ok(_))) => {}
                 _ => return out,
             }
         }
