@@ -290,6 +290,94 @@ async fn host_users_cannot_reach_a_containers_files() {
     remove_pod(&env.c, &env.pod).await;
 }
 
+/// The syscall probe (tests/probes/syscalls.c), built static into `dir`.
+fn syscall_probe(dir: &Path) -> PathBuf {
+    let out = dir.join("probe");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/probes/syscalls.c");
+    let built = Command::new("gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .output()
+        .expect("gcc (hack/install-deps.sh installs it)");
+    assert!(
+        built.status.success(),
+        "building the probe: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+/// `name=errno` lines of the probe's output.
+fn probe_results(out: &str) -> std::collections::HashMap<String, i32> {
+    out.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Under RuntimeDefault a container without extra capabilities cannot make a user namespace,
+/// use the kernel keyring, trace a process, mount, load a kernel module or open an AF_ALG
+/// socket: each fails with EPERM from the filter, where the kernel alone allows or answers
+/// otherwise (Unconfined shows which). Ordinary sockets and reading the clock's state work.
+#[tokio::test]
+async fn runtime_default_refuses_what_docker_and_containerd_refuse() {
+    use cri::security_profile::ProfileType;
+    let env = Env::new("seccomp-probe").await;
+    let dir = TempDir::new("seccomp-probe");
+    let probe = syscall_probe(dir.path());
+    let run = |name: &str, t: ProfileType| {
+        let mut config = env.container(
+            name,
+            "exec /probe",
+            cri::LinuxContainerSecurityContext {
+                seccomp: Some(cri::SecurityProfile {
+                    profile_type: t as i32,
+                    localhost_ref: String::new(),
+                }),
+                ..sc()
+            },
+        );
+        config.mounts = vec![cri::Mount {
+            container_path: "/probe".into(),
+            host_path: probe.to_string_lossy().into_owned(),
+            readonly: true,
+            ..Default::default()
+        }];
+        config
+    };
+    let (s, out) = env
+        .run_to_exit(run("unconfined", ProfileType::Unconfined))
+        .await;
+    assert_eq!(s.exit_code, 0, "{out}");
+    let open = probe_results(&out);
+    for name in ["unshare_user", "keyctl", "ptrace"] {
+        assert_eq!(open.get(name), Some(&0), "{name} without a filter: {out}");
+    }
+    let (s, out) = env
+        .run_to_exit(run("default", ProfileType::RuntimeDefault))
+        .await;
+    assert_eq!(s.exit_code, 0, "{out}");
+    let filtered = probe_results(&out);
+    const EPERM: i32 = 1;
+    for name in [
+        "unshare_user",
+        "keyctl",
+        "ptrace",
+        "mount",
+        "finit_module",
+        "init_module",
+        "socket_alg",
+    ] {
+        assert_eq!(filtered.get(name), Some(&EPERM), "{name}: {out}");
+    }
+    assert_eq!(filtered.get("socket_inet"), Some(&0), "{out}");
+    assert_eq!(filtered.get("clock_adjtime_read"), Some(&0), "{out}");
+    remove_pod(&env.c, &env.pod).await;
+}
+
 #[tokio::test]
 async fn privileged_and_all_capabilities() {
     let env = Env::new("caps").await;

@@ -3,8 +3,10 @@
 //! The profile is our own, written from the Linux syscall tables (x86_64, i386, x32, aarch64,
 //! arm) with the intent documented for Docker's and containerd's defaults: deny by default with
 //! EPERM, allow what ordinary programs use, and allow the syscalls that reach namespaces, mounts,
-//! the kernel keyring, modules, kexec, BPF, tracing and the clock only when the container holds
-//! the capability that the kernel would check anyway. Notes:
+//! modules, BPF, tracing and setting the clock only when the container holds the capability
+//! that the kernel would check anyway. Never allowed: the kernel keyring (keyctl, add_key,
+//! request_key: it is not namespaced), kexec, pivot_root, userfaultfd, modify_ldt, io_uring,
+//! and sockets of the AF_ALG and AF_VSOCK families. Notes:
 //! - `clone` is allowed only with flags below `CLONE_NEWCGROUP` (0x0200_0000): that admits every
 //!   fork/thread/vfork flag combination and refuses CLONE_NEWCGROUP/NEWUTS/NEWIPC/NEWUSER/NEWPID/
 //!   NEWNET (and the rare CLONE_IO). An `SCMP_CMP_LT` comparison is used instead of a masked
@@ -34,7 +36,7 @@ const CLONE_FIRST_NS_FLAG: u64 = 0x0200_0000;
 const ALLOWED: &[&str] = &[
     // file descriptors and I/O
     "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2",
-    "pwritev2", "open", "openat", "openat2", "creat", "close", "close_range", "lseek", "_llseek",
+    "pwritev2", "open", "openat", "openat2", "name_to_handle_at", "creat", "close", "close_range", "lseek", "_llseek",
     "dup", "dup2", "dup3", "pipe", "pipe2", "fcntl", "fcntl64", "ioctl", "flock", "fsync",
     "fdatasync", "sync", "syncfs", "sync_file_range", "sync_file_range2", "arm_sync_file_range",
     "truncate", "truncate64", "ftruncate", "ftruncate64", "fallocate", "fadvise64",
@@ -85,7 +87,8 @@ const ALLOWED: &[&str] = &[
     "clock_getres_time64", "clock_nanosleep", "clock_nanosleep_time64", "nanosleep", "getitimer",
     "setitimer", "timer_create", "timer_delete", "timer_settime", "timer_settime64",
     "timer_gettime", "timer_gettime64", "timer_getoverrun", "timerfd_create", "timerfd_settime",
-    "timerfd_settime64", "timerfd_gettime", "timerfd_gettime64", "adjtimex",
+    "timerfd_settime64", "timerfd_gettime", "timerfd_gettime64", "adjtimex", "clock_adjtime",
+    "clock_adjtime64",
     // waiting and events
     "select", "_newselect", "pselect6", "pselect6_time64", "poll", "ppoll", "ppoll_time64",
     "epoll_create", "epoll_create1", "epoll_ctl", "epoll_ctl_old", "epoll_wait", "epoll_wait_old",
@@ -93,7 +96,7 @@ const ALLOWED: &[&str] = &[
     "futex_wait", "futex_wake", "futex_requeue", "io_setup", "io_destroy", "io_submit",
     "io_cancel", "io_getevents", "io_pgetevents", "io_pgetevents_time64",
     // sockets
-    "socket", "socketpair", "bind", "listen", "accept", "accept4", "connect", "getsockname",
+    "socketpair", "bind", "listen", "accept", "accept4", "connect", "getsockname",
     "getpeername", "getsockopt", "setsockopt", "sendto", "recvfrom", "sendmsg", "recvmsg",
     "sendmmsg", "recvmmsg", "recvmmsg_time64", "shutdown", "socketcall", "send", "recv",
     // System V and POSIX IPC (namespaced)
@@ -114,8 +117,7 @@ const BY_CAPABILITY: &[(Capability, &[&str])] = &[
             "bpf", "clone", "clone3", "fanotify_init", "fsconfig", "fsmount", "fsopen", "fspick",
             "lookup_dcookie", "mount", "mount_setattr", "move_mount", "open_tree",
             "perf_event_open", "quotactl", "quotactl_fd", "setdomainname", "sethostname", "setns",
-            "syslog", "umount", "umount2", "unshare", "pivot_root", "keyctl", "add_key",
-            "request_key", "name_to_handle_at", "lsm_set_self_attr",
+            "syslog", "umount", "umount2", "unshare", "lsm_set_self_attr",
         ],
     ),
     (Capability::SysBoot, &["reboot"]),
@@ -129,27 +131,30 @@ const BY_CAPABILITY: &[(Capability, &[&str])] = &[
         Capability::SysPtrace,
         &[
             "ptrace", "kcmp", "pidfd_getfd", "process_vm_readv", "process_vm_writev",
-            "process_madvise", "userfaultfd",
+            "process_madvise",
         ],
     ),
     (Capability::SysRawio, &["iopl", "ioperm"]),
     (
         Capability::SysTime,
         &[
-            "settimeofday", "stime", "clock_settime", "clock_settime64", "clock_adjtime",
-            "clock_adjtime64",
+            "settimeofday", "stime", "clock_settime", "clock_settime64",
         ],
     ),
     (Capability::SysTtyConfig, &["vhangup"]),
     (
         Capability::SysNice,
-        &["get_mempolicy", "mbind", "set_mempolicy", "set_mempolicy_home_node", "move_pages"],
+        &["get_mempolicy", "mbind", "set_mempolicy", "set_mempolicy_home_node"],
     ),
     (Capability::Syslog, &["syslog"]),
     (Capability::Bpf, &["bpf"]),
     (Capability::Perfmon, &["perf_event_open"]),
-    (Capability::DacReadSearch, &["open_by_handle_at", "name_to_handle_at"]),
+    (Capability::DacReadSearch, &["open_by_handle_at"]),
 ];
+
+/// Address families socket(2) refuses: AF_ALG (the kernel's crypto API) and AF_VSOCK.
+const AF_ALG: u64 = 38;
+const AF_VSOCK: u64 = 40;
 
 /// personality(2) values allowed without capabilities: PER_LINUX, PER_LINUX32, UNAME26,
 /// UNAME26|PER_LINUX32 and the query value 0xffffffff.
@@ -212,6 +217,26 @@ pub fn runtime_default(caps: &HashSet<Capability>) -> Result<LinuxSeccomp, SpecE
                 .build()?,
         );
     }
+
+    // socket(2) for every family but AF_ALG and AF_VSOCK: three comparisons, one OR.
+    let cmp = |value: u64, op: LinuxSeccompOperator| {
+        LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(value)
+            .op(op)
+            .build()
+    };
+    syscalls.push(
+        LinuxSyscallBuilder::default()
+            .names(owned(&["socket"]))
+            .action(LinuxSeccompAction::ScmpActAllow)
+            .args(vec![
+                cmp(AF_ALG, LinuxSeccompOperator::ScmpCmpLt)?,
+                cmp(AF_ALG + 1, LinuxSeccompOperator::ScmpCmpEq)?,
+                cmp(AF_VSOCK, LinuxSeccompOperator::ScmpCmpGt)?,
+            ])
+            .build()?,
+    );
 
     let personality_args = PERSONALITIES
         .iter()
@@ -287,7 +312,8 @@ mod tests {
             "openat",
             "faccessat2",
             "futex",
-            "socket",
+            "clock_adjtime",
+            "name_to_handle_at",
         ] {
             assert!(allowed.contains(n), "{n} should be allowed");
         }
@@ -311,6 +337,8 @@ mod tests {
             "personality",
             "pivot_root",
             "open_by_handle_at",
+            "socket",
+            "userfaultfd",
         ] {
             assert!(!allowed.contains(n), "{n} should not be allowed");
         }
@@ -348,9 +376,19 @@ mod tests {
         let p = runtime_default(&caps).unwrap();
         let allowed = allowed_unconditionally(&p);
         for n in [
-            "unshare", "mount", "clone", "clone3", "setns", "ptrace", "reboot", "keyctl",
+            "unshare", "mount", "clone", "clone3", "setns", "ptrace", "reboot",
         ] {
             assert!(allowed.contains(n), "{n} should be allowed");
+        }
+        // The keyring is not namespaced: no capability opens it.
+        for n in [
+            "keyctl",
+            "add_key",
+            "request_key",
+            "pivot_root",
+            "userfaultfd",
+        ] {
+            assert!(!allowed.contains(n), "{n} stays refused");
         }
         assert!(!allowed.contains("kexec_load"));
         assert!(!allowed.contains("init_module"));
