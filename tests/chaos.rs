@@ -1,0 +1,292 @@
+//! Chaos: berthd killed with SIGKILL at random moments while pods with networks and containers
+//! are created and removed, and shims killed under it; afterwards every pod the CRI reports
+//! exists for real and nothing else does, and once every pod is removed no mount, cgroup,
+//! network namespace, veth, IP, shim, process or snapshot is left and the images are intact.
+//!
+//! `BERTH_CHAOS_KILLS` sets how many kills (default 5); `hack/soak.sh` runs it longer.
+
+mod cni_support;
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use berth::client::CriClient;
+use cni_support::TestNet;
+use common::*;
+use k8s_cri::v1 as cri;
+use sha2::Digest as _;
+
+/// A small xorshift generator: the seed is printed so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below.max(1)
+    }
+}
+
+/// Creates and removes pods (each with a network and one container) until the connection
+/// breaks; every error is tolerated, as berthd may die in any call.
+async fn churn(c: CriClient, image: String, logs: PathBuf, parent: String, first: u32) {
+    for i in first.. {
+        let mut cfg = pod_config(&format!("chaos-{i}"), &logs, cri::NamespaceMode::Container);
+        cfg.linux.get_or_insert_with(Default::default).cgroup_parent = parent.clone();
+        let Ok(pod) = c
+            .runtime()
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner().pod_sandbox_id)
+        else {
+            return;
+        };
+        let container = sh_container(
+            "main",
+            &image,
+            "exec sleep 1000",
+            cri::NamespaceMode::Container,
+        );
+        let created = c
+            .runtime()
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(container),
+                sandbox_config: Some(cfg),
+            })
+            .await;
+        if let Ok(r) = created {
+            let _ = c
+                .runtime()
+                .start_container(cri::StartContainerRequest {
+                    container_id: r.into_inner().container_id,
+                })
+                .await;
+        }
+        if i % 2 == 0 {
+            let _ = c
+                .runtime()
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: pod.clone(),
+                })
+                .await;
+            let _ = c
+                .runtime()
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: pod,
+                })
+                .await;
+        }
+    }
+}
+
+/// Mount points at or below `dir`.
+fn mounts_below(dir: &Path) -> Vec<String> {
+    let d = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&d))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Processes in a cgroup below `parent`, and shims whose command line names `dir`.
+fn processes_of(parent: &str, dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = e.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        let cmd =
+            String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default())
+                .replace('\0', " ");
+        if cgroup.contains(parent) || (cmd.contains("berth-shim") && cmd.contains(&dir)) {
+            out.push(format!("{pid}: {cmd}"));
+        }
+    }
+    out
+}
+
+/// cgroup directories left below `parent` in any hierarchy.
+fn cgroups_below(parent: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for h in hierarchies() {
+        let top = h.join(parent.trim_start_matches('/'));
+        for e in std::fs::read_dir(&top).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Content blobs whose bytes do not hash to their name.
+fn corrupt_blobs(root: &Path) -> (usize, Vec<String>) {
+    let dir = root.join("content/blobs/sha256");
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let bytes = std::fs::read(e.path()).unwrap_or_default();
+        checked += 1;
+        if hex::encode(sha2::Sha256::digest(&bytes)) != name {
+            bad.push(name);
+        }
+    }
+    (checked, bad)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_pod_churn_loses_and_leaks_nothing() {
+    let kills: u32 = std::env::var("BERTH_CHAOS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+        | 1;
+    println!("chaos seed {seed}, {kills} kills");
+    let mut rng = Rng(seed);
+    let net = TestNet::new("chaos");
+    net.bridge_up();
+    net.write("10-test.conflist", &net.standard());
+    let args = net.daemon_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Daemon::start_with(&args);
+    let c = d.client().await;
+    let busybox = image("busybox");
+    let image_id = pull(&c, &busybox).await.expect("pull");
+    let snapshots = d.snapshot_dirs();
+    let logs = d.dir.path().join("logs");
+    let parent = format!("/berth-chaos-{}", std::process::id());
+    let begun = Instant::now();
+
+    let mut shims_killed = 0;
+    for round in 0..kills {
+        let c = d.client().await;
+        let worker = tokio::spawn(churn(
+            c.clone(),
+            busybox.clone(),
+            logs.clone(),
+            parent.clone(),
+            round * 1000,
+        ));
+        tokio::time::sleep(Duration::from_millis(200 + rng.next(1000))).await;
+        // Now and then a shim dies too.
+        if rng.next(2) == 0
+            && let Some(ct) = list_containers(&c)
+                .await
+                .into_iter()
+                .find(|ct| ct.state == cri::ContainerState::ContainerRunning as i32)
+            && let Some(pid) = find_shim(&ct.id)
+        {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            shims_killed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.next(400))).await;
+        d.kill9();
+        let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+        d.spawn();
+    }
+
+    // What the CRI reports exists, and what exists is reported.
+    let c = d.client().await;
+    let pods = list_pod_sandboxes(&c).await;
+    let containers = list_containers(&c).await;
+    let listed_pods: BTreeSet<String> = pods.iter().map(|p| p.id.clone()).collect();
+    let listed_containers: BTreeSet<String> = containers.iter().map(|c| c.id.clone()).collect();
+    let pod_dirs: BTreeSet<String> = settled_entries(&d.state().join("sandboxes"))
+        .into_iter()
+        .collect();
+    let bundles: BTreeSet<String> = settled_entries(&d.root().join("containers"))
+        .into_iter()
+        .collect();
+    assert_eq!(listed_pods, pod_dirs, "pods listed = pod directories");
+    assert_eq!(listed_containers, bundles, "containers listed = bundles");
+    for p in &pods {
+        if p.state == cri::PodSandboxState::SandboxReady as i32 {
+            assert!(
+                mounted(&d.state().join("sandboxes").join(&p.id).join("netns")),
+                "ready pod {} has its network namespace",
+                p.id
+            );
+        }
+    }
+    let mut running = 0;
+    for ct in &containers {
+        if ct.state == cri::ContainerState::ContainerRunning as i32 {
+            running += 1;
+            assert_eq!(
+                exec_ok(&c, &ct.id, &["echo", "alive"]).await,
+                "alive\n",
+                "running container {} answers",
+                ct.id
+            );
+        }
+    }
+
+    // Every pod removed: nothing is left.
+    for p in &pods {
+        remove_pod(&c, &p.id).await;
+    }
+    assert!(list_pod_sandboxes(&c).await.is_empty());
+    assert!(list_containers(&c).await.is_empty());
+    assert!(settled_entries(&d.state().join("sandboxes")).is_empty());
+    let left = settled_entries(&d.root().join("containers"));
+    assert!(left.is_empty(), "bundles left: {left:?}");
+    assert_eq!(d.snapshot_dirs(), snapshots, "only the image's snapshots");
+    for dir in [d.root(), d.state()] {
+        assert!(mounts_below(&dir).is_empty(), "{:?}", mounts_below(&dir));
+    }
+    assert!(net.veths().is_empty(), "veths left: {:?}", net.veths());
+    assert!(
+        net.allocations().is_empty(),
+        "IPs left: {:?}",
+        net.allocations()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_of(&parent, &d.root()).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        processes_of(&parent, &d.root()).is_empty(),
+        "{:?}",
+        processes_of(&parent, &d.root())
+    );
+    assert!(
+        cgroups_below(&parent).is_empty(),
+        "{:?}",
+        cgroups_below(&parent)
+    );
+    let status = status(&c, &busybox)
+        .await
+        .expect("the image is still there");
+    assert_eq!(status.id, image_id);
+    let (blobs, bad) = corrupt_blobs(&d.root());
+    assert!(bad.is_empty(), "corrupt blobs: {bad:?}");
+    println!(
+        "chaos: {kills} kills of berthd and {shims_killed} of shims in {:.1} s; after them {} pods and {} containers ({running} running) matched the disk; {blobs} blobs re-verified",
+        begun.elapsed().as_secs_f64(),
+        pods.len(),
+        containers.len(),
+    );
+    for h in hierarchies() {
+        let _ = std::fs::remove_dir(h.join(parent.trim_start_matches('/')));
+    }
+}
