@@ -127,10 +127,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
+    // A fresh file, so `mode` holds: a temporary one a crash left may have had another.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&tmp)
         .and_then(|mut f| f.write_all(bytes))
@@ -175,6 +179,21 @@ impl Drop for ScratchDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_atomic_write_has_its_mode_even_over_a_stale_temporary_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = ScratchDir::new("write-atomic");
+        let key = dir.join("key");
+        std::fs::write(dir.join("key.tmp"), b"stale").expect("stale");
+        std::fs::set_permissions(dir.join("key.tmp"), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        write_atomic(&key, b"secret", 0o600).expect("write");
+        let meta = std::fs::metadata(&key).expect("key");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&key).expect("read"), b"secret");
+        assert!(!dir.join("key.tmp").exists());
+    }
 
     #[test]
     fn disk_usage_counts_the_tree_once() {
