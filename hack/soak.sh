@@ -4,7 +4,7 @@
 # CRI's view is checked against the disk, every pod removed, and nothing may be left (mounts,
 # cgroups, network namespaces, veths, IPs, shims, processes, bundles, snapshots) and the image's
 # blobs must still hash to their digests. It runs tests/chaos.rs with more kills than the suite
-# does and prints what was checked.
+# does, with and without the agent, and prints what was checked.
 # Usage: hack/soak.sh [KILLS]. Needs root; sets up the test registry as `make test` does.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -3,8 +3,11 @@
 //! exists for real and nothing else does, and once every pod is removed no mount, cgroup,
 //! network namespace, veth, IP, shim, process or snapshot is left and the images are intact.
 //!
-//! `BERTH_CHAOS_KILLS` sets how many kills (default 5); `hack/soak.sh` runs it longer.
+//! The same with the embedded agent running static pods from manifests that come and go.
+//!
+//! `BERTH_CHAOS_KILLS` sets how many kills (default 5); `hack/soak.sh` runs them longer.
 
+mod agent_support;
 mod cni_support;
 mod common;
 
@@ -17,6 +20,23 @@ use cni_support::TestNet;
 use common::*;
 use k8s_cri::v1 as cri;
 use sha2::Digest as _;
+
+fn kills() -> u32 {
+    std::env::var("BERTH_CHAOS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+fn seed() -> u64 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+        | 1;
+    println!("chaos seed {seed}, {} kills", kills());
+    seed
+}
 
 /// A small xorshift generator: the seed is printed so a failing run can be replayed.
 struct Rng(u64);
@@ -150,17 +170,8 @@ fn corrupt_blobs(root: &Path) -> (usize, Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_pod_churn_loses_and_leaks_nothing() {
-    let kills: u32 = std::env::var("BERTH_CHAOS_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
-        | 1;
-    println!("chaos seed {seed}, {kills} kills");
-    let mut rng = Rng(seed);
+    let kills = kills();
+    let mut rng = Rng(seed());
     let net = TestNet::new("chaos");
     net.bridge_up();
     net.write("10-test.conflist", &net.standard());
@@ -289,4 +300,73 @@ async fn kill_9_during_pod_churn_loses_and_leaks_nothing() {
     for h in hierarchies() {
         let _ = std::fs::remove_dir(h.join(parent.trim_start_matches('/')));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_while_the_agent_runs_static_pods_loses_and_leaks_nothing() {
+    use agent_support::{Agent, pod_yaml, running};
+    let kills = kills();
+    let mut rng = Rng(seed());
+    let mut a = Agent::start();
+    let begun = Instant::now();
+    for round in 0..kills {
+        // A pod comes, an older one goes, and berthd dies at a random moment meanwhile.
+        a.write(
+            &format!("p{round}.yaml"),
+            &pod_yaml(&format!("p{round}"), "exec sleep 1000", "", ""),
+        );
+        if round >= 2 {
+            let _ = std::fs::remove_file(a.manifest(&format!("p{}.yaml", round - 2)));
+        }
+        tokio::time::sleep(Duration::from_millis(200 + rng.next(1200))).await;
+        a.daemon.kill9();
+        a.respawn();
+    }
+    // The agent converges: the pods of the manifests left run, one sandbox each.
+    let kept: Vec<u32> = (kills.saturating_sub(2)..kills).collect();
+    for i in &kept {
+        a.wait_pod("default", &format!("p{i}"), "the pod running", |p| {
+            running(p, "main")
+        });
+    }
+    // ... and the pods of the manifests that went (also while berthd was down) end.
+    let c = a.daemon.client().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ready = loop {
+        let ready: Vec<String> = list_pod_sandboxes(&c)
+            .await
+            .into_iter()
+            .filter(|p| p.state == cri::PodSandboxState::SandboxReady as i32)
+            .filter_map(|p| p.metadata.map(|m| m.name))
+            .collect();
+        if ready.len() == kept.len() || Instant::now() > deadline {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        ready.len(),
+        kept.len(),
+        "one ready sandbox per pod: {ready:?}"
+    );
+    a.finish().await;
+    let (root, state) = (a.daemon.root(), a.daemon.state());
+    assert!(list_containers(&c).await.is_empty());
+    let left = settled_entries(&root.join("containers"));
+    assert!(left.is_empty(), "bundles left: {left:?}");
+    assert!(settled_entries(&state.join("sandboxes")).is_empty());
+    for dir in [root.clone(), state.clone()] {
+        assert!(mounts_below(&dir).is_empty(), "{:?}", mounts_below(&dir));
+    }
+    let cgroup_root = a.cgroup_root();
+    assert!(
+        processes_of(&cgroup_root, &root).is_empty(),
+        "{:?}",
+        processes_of(&cgroup_root, &root)
+    );
+    println!(
+        "agent chaos: {kills} kills of berthd in {:.1} s; {} pods converged, then every pod and sandbox removed and nothing left",
+        begun.elapsed().as_secs_f64(),
+        kept.len()
+    );
 }
