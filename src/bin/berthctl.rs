@@ -12,6 +12,8 @@ mod config;
 mod logs;
 #[path = "berthctl/pods.rs"]
 mod pods;
+#[path = "berthctl/soak.rs"]
+mod soak;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -212,6 +214,8 @@ enum Bench {
     Metrics(bench_scale::MetricsArgs),
     /// Time a container's exit (SIGKILL) to its CONTAINER_STOPPED event.
     Exits(bench_scale::ExitsArgs),
+    /// Create and remove pods without pause for a while, sampling the daemon's memory and fds.
+    Soak(soak::SoakArgs),
 }
 
 fn main() {
@@ -541,6 +545,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             bench: Bench::Exits(args),
         } => bench_scale::exits(&client, args, json).await?,
+        Command::Bench {
+            bench: Bench::Soak(args),
+        } => soak::soak(&client, args, json).await?,
     }
     Ok(())
 }

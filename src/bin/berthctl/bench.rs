@@ -20,7 +20,7 @@ use crate::status_message;
 
 /// The container's default command: a long sleep that exits 0 on SIGTERM, so StopContainer
 /// measures a graceful stop rather than the stop timeout.
-const DEFAULT_COMMAND: [&str; 3] = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"];
+pub(crate) const DEFAULT_COMMAND: [&str; 3] = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"];
 
 #[derive(clap::Args)]
 pub struct LifecycleArgs {
@@ -64,8 +64,8 @@ pub struct LifecycleArgs {
     pub command: Vec<String>,
 }
 
-const UP_STEPS: [&str; 3] = ["RunPodSandbox", "CreateContainer", "StartContainer"];
-const DOWN_STEPS: [&str; 4] = [
+pub(crate) const UP_STEPS: [&str; 3] = ["RunPodSandbox", "CreateContainer", "StartContainer"];
+pub(crate) const DOWN_STEPS: [&str; 4] = [
     "StopContainer",
     "RemoveContainer",
     "StopPodSandbox",
@@ -74,25 +74,25 @@ const DOWN_STEPS: [&str; 4] = [
 
 /// One pod as far as it got.
 #[derive(Default)]
-struct Pod {
-    sandbox: Option<String>,
-    container: Option<String>,
-    up: [Duration; 3],
-    down: [Duration; 4],
+pub(crate) struct Pod {
+    pub(crate) sandbox: Option<String>,
+    pub(crate) container: Option<String>,
+    pub(crate) up: [Duration; 3],
+    pub(crate) down: [Duration; 4],
 }
 
 /// What every pod shares.
-struct Plan {
-    client: CriClient,
-    run_id: String,
-    image_ref: String,
-    network: i32,
-    user_namespace: bool,
-    cgroup_parent: Option<String>,
-    log_dir: PathBuf,
-    command: Vec<String>,
-    stop_timeout: i64,
-    interrupted: Arc<AtomicBool>,
+pub(crate) struct Plan {
+    pub(crate) client: CriClient,
+    pub(crate) run_id: String,
+    pub(crate) image_ref: String,
+    pub(crate) network: i32,
+    pub(crate) user_namespace: bool,
+    pub(crate) cgroup_parent: Option<String>,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) command: Vec<String>,
+    pub(crate) stop_timeout: i64,
+    pub(crate) interrupted: Arc<AtomicBool>,
 }
 
 impl Plan {
@@ -180,7 +180,7 @@ impl Plan {
 
     /// RunPodSandbox, CreateContainer, StartContainer, each timed. On error the pod is
     /// returned as far as it got, for the clean-up.
-    async fn up(&self, i: usize) -> (Pod, anyhow::Result<()>) {
+    pub(crate) async fn up(&self, i: usize) -> (Pod, anyhow::Result<()>) {
         let mut pod = Pod::default();
         if self.interrupted.load(Ordering::Relaxed) {
             return (pod, Err(anyhow::anyhow!("interrupted")));
@@ -237,7 +237,7 @@ impl Plan {
 
     /// StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox, each timed; steps for
     /// what the pod never got are skipped.
-    async fn down(&self, mut pod: Pod) -> (Pod, anyhow::Result<()>) {
+    pub(crate) async fn down(&self, mut pod: Pod) -> (Pod, anyhow::Result<()>) {
         let r = self.down_steps(&mut pod).await;
         let id = pod.sandbox.clone().unwrap_or_default();
         (
