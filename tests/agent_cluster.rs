@@ -959,8 +959,8 @@ async fn a_node_shutdown_turns_the_node_not_ready_before_its_pods_end() {
     );
     n.wait_pod("Running", "slow", "{.status.phase}", "Running");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_berthctl"))
-        .arg("--agent-address")
-        .arg(format!("127.0.0.1:{}", n.agent.port()))
+        .arg("--agent-socket")
+        .arg(n.agent.daemon.state().join("agent/agent.sock"))
         .args(["node", "shutdown"])
         .output()
         .expect("berthctl");
