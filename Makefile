@@ -3,7 +3,7 @@ CARGO ?= cargo
 ROOT ?= /var/lib/berth
 ARGS ?=
 
-.PHONY: all deps build run test unit lint bench clean
+.PHONY: all deps build run test unit lint bench fuzz clean
 
 all: build
 
@@ -26,11 +26,16 @@ test: deps
 	bash hack/test-env.sh > target/test-env.sh
 	bash hack/kubernetes.sh >> target/test-env.sh
 	. target/test-env.sh && $(CARGO) nextest run --workspace --no-fail-fast
+	bash hack/fuzz.sh smoke
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Each fuzz target for 10 minutes (cargo-fuzz, libFuzzer); see hack/fuzz.sh.
+fuzz:
+	bash hack/fuzz.sh long
 
 bench: build
 	bash hack/install-deps.sh --bench

@@ -9,6 +9,7 @@ mod enter;
 mod error;
 mod exec_process;
 mod exitfile;
+mod frame;
 mod mem;
 mod proto;
 mod server;

@@ -103,8 +103,32 @@ fn caps(list: &Option<Vec<String>>) -> (bool, bool) {
 
 /// The endpoints to try for `registry`, in order.
 pub fn endpoints_for(registry: &str, cfg: &RegistryConfig) -> Result<Vec<Endpoint>, HostsError> {
-    let insecure = cfg.insecure_registries.iter().any(|r| r == registry);
     let file = load_hosts_file(&cfg.config_dir, registry)?;
+    Ok(endpoints_with(registry, cfg, file))
+}
+
+/// The endpoints to try for `registry` when `text` is the `hosts.toml` found in `host_dir`
+/// (relative `ca` paths are resolved against it).
+pub fn endpoints_from_text(
+    registry: &str,
+    cfg: &RegistryConfig,
+    host_dir: &Path,
+    text: &str,
+) -> Result<Vec<Endpoint>, HostsError> {
+    let file = parse_hosts_file(&host_dir.join("hosts.toml"), text)?;
+    Ok(endpoints_with(
+        registry,
+        cfg,
+        Some((host_dir.to_owned(), file)),
+    ))
+}
+
+fn endpoints_with(
+    registry: &str,
+    cfg: &RegistryConfig,
+    file: Option<(PathBuf, HostsFile)>,
+) -> Vec<Endpoint> {
+    let insecure = cfg.insecure_registries.iter().any(|r| r == registry);
     let mut out = Vec::new();
     let global_ca: Vec<PathBuf> = cfg.ca_file.iter().cloned().collect();
     if let Some((dir, file)) = &file {
@@ -171,7 +195,7 @@ pub fn endpoints_for(registry: &str, cfg: &RegistryConfig) -> Result<Vec<Endpoin
         resolve,
         pull,
     });
-    Ok(out)
+    out
 }
 
 fn load_hosts_file(dir: &Path, registry: &str) -> Result<Option<(PathBuf, HostsFile)>, HostsError> {
@@ -188,13 +212,17 @@ fn load_hosts_file(dir: &Path, registry: &str) -> Result<Option<(PathBuf, HostsF
                 });
             }
         };
-        let file: HostsFile = toml::from_str(&text).map_err(|e| HostsError::Invalid {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let file = parse_hosts_file(&path, &text)?;
         return Ok(Some((host_dir, file)));
     }
     Ok(None)
+}
+
+fn parse_hosts_file(path: &Path, text: &str) -> Result<HostsFile, HostsError> {
+    toml::from_str(text).map_err(|e| HostsError::Invalid {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]

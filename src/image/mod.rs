@@ -3,7 +3,7 @@
 pub mod content;
 pub mod hosts;
 mod manager;
-mod manifest;
+pub mod manifest;
 mod pull;
 pub mod reference;
 pub mod registry;

@@ -59,9 +59,6 @@ impl ImageRef {
         if let Some(t) = &tag {
             validate_tag(t).map_err(invalid)?;
         }
-        if name.len() > 255 {
-            return Err(invalid("name longer than 255 characters".into()));
-        }
         let (registry, repository) = match name.split_once('/') {
             Some((first, path))
                 if first.contains('.') || first.contains(':') || first == "localhost" =>
@@ -82,6 +79,11 @@ impl ImageRef {
             repository
         };
         validate_repository(&repository).map_err(invalid)?;
+        // The limit is on the normalised name (as in containerd): a reference must print as
+        // one that parses.
+        if registry.len() + 1 + repository.len() > 255 {
+            return Err(invalid("name longer than 255 characters".into()));
+        }
         let tag = if tag.is_none() && digest.is_none() {
             Some("latest".to_string())
         } else {

@@ -13,6 +13,7 @@ use k8s_cri::v1 as cri;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use super::remotecommand::ChannelMessage;
 use super::websocket as ws;
 use super::{Activity, StreamServer, spdy};
 
@@ -128,7 +129,7 @@ pub async fn serve_spdy(
 }
 
 async fn forward_spdy(server: &StreamServer, sandbox: &str, err: spdy::Stream, data: spdy::Stream) {
-    let port = data.header("port").and_then(|p| p.parse::<u16>().ok());
+    let port = spdy_port(data.header("port"));
     let (etx, dtx) = (err.tx.clone(), data.tx.clone());
     let fail = |msg: String| async move {
         tracing::info!("{msg}");
@@ -136,7 +137,7 @@ async fn forward_spdy(server: &StreamServer, sandbox: &str, err: spdy::Stream, d
         etx.close().await;
         dtx.close().await;
     };
-    let Some(port) = port.filter(|p| *p > 0) else {
+    let Some(port) = port else {
         return fail(format!(
             "invalid port {:?} in port-forward to pod sandbox {sandbox}",
             data.header("port")
@@ -248,8 +249,39 @@ pub async fn serve_websocket<T>(
     serve_ws_channels(server, req, protocol, query, io, activity).await;
 }
 
+/// Decodes a client message of the channel protocol: a channel byte then data (`base64`: an
+/// ASCII digit then base64); text without base64, pings and pongs are ignored.
+pub fn decode_message(m: ws::Message, base64: bool) -> ChannelMessage {
+    match m.opcode {
+        ws::OP_CLOSE => ChannelMessage::End,
+        ws::OP_TEXT if base64 => {
+            let Some((&c, rest)) = m.data.split_first() else {
+                return ChannelMessage::Ignored;
+            };
+            let Some(d) = ws::base64_decode(rest) else {
+                return ChannelMessage::End;
+            };
+            ChannelMessage::Data(c.wrapping_sub(b'0'), Bytes::from(d))
+        }
+        ws::OP_BINARY => {
+            let Some(&c) = m.data.first() else {
+                return ChannelMessage::Ignored;
+            };
+            ChannelMessage::Data(c, m.data.slice(1..))
+        }
+        _ => ChannelMessage::Ignored,
+    }
+}
+
+/// The port a SPDY data stream's `port` header names (None: missing, malformed or 0).
+pub fn spdy_port(header: Option<&str>) -> Option<u16> {
+    header
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p > 0)
+}
+
 /// Ports from the query (`port=80&port=8080` or `ports=80,8080`), else from the request.
-fn query_ports(query: &str, req: &cri::PortForwardRequest) -> Result<Vec<u16>, String> {
+pub fn query_ports(query: &str, req: &cri::PortForwardRequest) -> Result<Vec<u16>, String> {
     let mut ports = Vec::new();
     for pair in query.split('&') {
         let Some((k, v)) = pair.split_once('=') else {
@@ -381,22 +413,10 @@ async fn serve_ws_channels<T>(
     let reader = tokio::spawn(async move {
         while let Ok(Some(m)) = r.next().await {
             act.touch();
-            let (ch, data) = match m.opcode {
-                ws::OP_CLOSE => break,
-                ws::OP_TEXT if base64 => {
-                    let Some((&c, rest)) = m.data.split_first() else {
-                        continue;
-                    };
-                    let Some(d) = ws::base64_decode(rest) else {
-                        break;
-                    };
-                    (c.wrapping_sub(b'0'), Bytes::from(d))
-                }
-                ws::OP_BINARY => {
-                    let Some(&c) = m.data.first() else { continue };
-                    (c, m.data.slice(1..))
-                }
-                _ => continue,
+            let (ch, data) = match decode_message(m, base64) {
+                ChannelMessage::Data(ch, data) => (ch, data),
+                ChannelMessage::Ignored => continue,
+                ChannelMessage::End => break,
             };
             if ch % 2 == 0
                 && let Some(tx) = to_pod.get(usize::from(ch / 2))

@@ -311,23 +311,10 @@ async fn ws_read_loop<T: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         activity.touch();
-        let (ch, data) = match m.opcode {
-            ws::OP_CLOSE => return,
-            ws::OP_PING | ws::OP_PONG => continue,
-            ws::OP_TEXT if base64 => {
-                let Some((&c, rest)) = m.data.split_first() else {
-                    continue;
-                };
-                let Some(decoded) = ws::base64_decode(rest) else {
-                    tracing::debug!("websocket: bad base64 message");
-                    return;
-                };
-                (c.wrapping_sub(b'0'), Bytes::from(decoded))
-            }
-            _ => {
-                let Some(&c) = m.data.first() else { continue };
-                (c, m.data.slice(1..))
-            }
+        let (ch, data) = match decode_message(m, base64) {
+            ChannelMessage::Data(ch, data) => (ch, data),
+            ChannelMessage::Ignored => continue,
+            ChannelMessage::End => return,
         };
         match ch {
             CH_STDIN => {
@@ -347,6 +334,41 @@ async fn ws_read_loop<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// A client's WebSocket message of the channel protocol, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChannelMessage {
+    /// Data for channel `.0`.
+    Data(u8, Bytes),
+    /// Nothing to act on (a ping, a pong, an empty message).
+    Ignored,
+    /// The client is done (a close, or base64 that does not decode).
+    End,
+}
+
+/// Decodes a client message: a channel byte then data (`base64`: an ASCII digit then base64).
+pub fn decode_message(m: ws::Message, base64: bool) -> ChannelMessage {
+    match m.opcode {
+        ws::OP_CLOSE => ChannelMessage::End,
+        ws::OP_PING | ws::OP_PONG => ChannelMessage::Ignored,
+        ws::OP_TEXT if base64 => {
+            let Some((&c, rest)) = m.data.split_first() else {
+                return ChannelMessage::Ignored;
+            };
+            let Some(decoded) = ws::base64_decode(rest) else {
+                tracing::debug!("websocket: bad base64 message");
+                return ChannelMessage::End;
+            };
+            ChannelMessage::Data(c.wrapping_sub(b'0'), Bytes::from(decoded))
+        }
+        _ => {
+            let Some(&c) = m.data.first() else {
+                return ChannelMessage::Ignored;
+            };
+            ChannelMessage::Data(c, m.data.slice(1..))
+        }
+    }
+}
+
 /// A terminal size as the clients encode it.
 #[derive(Deserialize)]
 struct TermSize {
@@ -361,32 +383,43 @@ async fn resize_loop(mut rx: mpsc::Receiver<Bytes>, pty: std::os::fd::OwnedFd) {
     let mut buf: Vec<u8> = Vec::new();
     while let Some(data) = rx.recv().await {
         buf.extend_from_slice(&data);
-        let mut consumed = 0;
-        {
-            let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<TermSize>();
-            loop {
-                match it.next() {
-                    Some(Ok(size)) => {
-                        consumed = it.byte_offset();
-                        if let Err(e) = set_winsize(&pty, size.width, size.height) {
-                            tracing::debug!(error = %e, "TIOCSWINSZ");
-                        }
-                    }
-                    Some(Err(e)) if e.is_eof() => break,
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "bad resize message");
-                        consumed = buf.len();
-                        break;
-                    }
-                    None => break,
-                }
+        for (width, height) in take_resizes(&mut buf) {
+            if let Err(e) = set_winsize(&pty, width, height) {
+                tracing::debug!(error = %e, "TIOCSWINSZ");
             }
         }
-        buf.drain(..consumed);
-        if buf.len() > 4096 {
-            buf.clear();
+    }
+}
+
+/// Takes the complete resize messages (width, height) off the front of `buf`, leaving an
+/// incomplete one for more data; a malformed message drops the buffer, and so does an incomplete
+/// one over 4 KiB.
+pub fn take_resizes(buf: &mut Vec<u8>) -> Vec<(u16, u16)> {
+    let mut sizes = Vec::new();
+    let mut consumed = 0;
+    {
+        let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<TermSize>();
+        loop {
+            match it.next() {
+                Some(Ok(size)) => {
+                    consumed = it.byte_offset();
+                    sizes.push((size.width, size.height));
+                }
+                Some(Err(e)) if e.is_eof() => break,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "bad resize message");
+                    consumed = buf.len();
+                    break;
+                }
+                None => break,
+            }
         }
     }
+    buf.drain(..consumed);
+    if buf.len() > 4096 {
+        buf.clear();
+    }
+    sizes
 }
 
 /// Copies a process output descriptor to a client channel until EOF.

@@ -486,24 +486,7 @@ impl Connection {
 
     /// The length of the first message when all of it is buffered.
     fn complete_length(&self) -> Result<Option<usize>, DbusError> {
-        if self.inbuf.len() < 16 {
-            return Ok(None);
-        }
-        let mut r = Reader {
-            buf: &self.inbuf,
-            pos: 4,
-            big_endian: self.inbuf[0] == b'B',
-        };
-        let body_len = r.u32()? as usize;
-        r.u32()?;
-        let fields_len = r.u32()? as usize;
-        if fields_len.saturating_add(body_len) > MAX_MESSAGE {
-            return Err(DbusError::Malformed(format!(
-                "message of {fields_len} + {body_len} bytes (header fields + body) exceeds {MAX_MESSAGE}"
-            )));
-        }
-        let total = (16 + fields_len).div_ceil(8) * 8 + body_len;
-        Ok((self.inbuf.len() >= total).then_some(total))
+        message_length(&self.inbuf)
     }
 
     /// Parses the message `bytes` that ended at stream offset `end`. It claims the fds that came
@@ -516,59 +499,96 @@ impl Connection {
                 came.push(fd);
             }
         }
-        let mut r = Reader {
-            buf: bytes,
-            pos: 1,
-            big_endian: bytes.first() == Some(&b'B'),
-        };
-        let kind = r.take(1)?[0];
-        r.take(2)?;
-        let _body_len = r.u32()?;
-        let _serial = r.u32()?;
-        let fields_len = r.u32()? as usize;
-        let fields_end = r.pos + fields_len;
-        let mut m = Message {
-            kind,
-            reply_serial: None,
-            path: None,
-            interface: None,
-            member: None,
-            error_name: None,
-            body: Vec::new(),
-            fds: Vec::new(),
-        };
-        let mut signature = String::new();
-        let mut unix_fds = 0;
-        while r.pos < fields_end {
-            r.align(8);
-            let code = r.take(1)?[0];
-            let Value::Variant(v) = r.value('v')? else {
-                return Err(DbusError::Malformed("header field".into()));
-            };
-            match (code, *v) {
-                (1, Value::Path(p)) => m.path = Some(p),
-                (2, Value::Str(s)) => m.interface = Some(s),
-                (3, Value::Str(s)) => m.member = Some(s),
-                (4, Value::Str(s)) => m.error_name = Some(s),
-                (5, Value::U32(n)) => m.reply_serial = Some(n),
-                (8, Value::Sig(s)) => signature = s,
-                (9, Value::U32(n)) => unix_fds = n,
-                _ => {}
-            }
-        }
-        r.align(8);
-        for t in signature.chars() {
-            match r.value(t) {
-                Ok(v) => m.body.push(v),
-                // A body with types we do not read (say, an array) is not an error: callers
-                // only look at the leading values they know.
-                Err(_) => break,
-            }
-        }
+        let (mut m, unix_fds) = decode(bytes)?;
         came.truncate(unix_fds as usize);
         m.fds = came;
         Ok(m)
     }
+}
+
+/// Decodes the first message in `bytes` (what a connection has read, without fds): `Ok(None)`
+/// while it is incomplete, else the message and the number of bytes it took.
+pub fn parse_message(bytes: &[u8]) -> Result<Option<(Message, usize)>, DbusError> {
+    match message_length(bytes)? {
+        Some(total) => Ok(Some((decode(&bytes[..total])?.0, total))),
+        None => Ok(None),
+    }
+}
+
+/// The length of the first message in `buf` when all of it is there.
+fn message_length(buf: &[u8]) -> Result<Option<usize>, DbusError> {
+    if buf.len() < 16 {
+        return Ok(None);
+    }
+    let mut r = Reader {
+        buf,
+        pos: 4,
+        big_endian: buf[0] == b'B',
+    };
+    let body_len = r.u32()? as usize;
+    r.u32()?;
+    let fields_len = r.u32()? as usize;
+    if fields_len.saturating_add(body_len) > MAX_MESSAGE {
+        return Err(DbusError::Malformed(format!(
+            "message of {fields_len} + {body_len} bytes (header fields + body) exceeds {MAX_MESSAGE}"
+        )));
+    }
+    let total = (16 + fields_len).div_ceil(8) * 8 + body_len;
+    Ok((buf.len() >= total).then_some(total))
+}
+
+/// Decodes one whole message (without its fds); also returns the number of fds it declares.
+fn decode(bytes: &[u8]) -> Result<(Message, u32), DbusError> {
+    let mut r = Reader {
+        buf: bytes,
+        pos: 1,
+        big_endian: bytes.first() == Some(&b'B'),
+    };
+    let kind = r.take(1)?[0];
+    r.take(2)?;
+    let _body_len = r.u32()?;
+    let _serial = r.u32()?;
+    let fields_len = r.u32()? as usize;
+    let fields_end = r.pos + fields_len;
+    let mut m = Message {
+        kind,
+        reply_serial: None,
+        path: None,
+        interface: None,
+        member: None,
+        error_name: None,
+        body: Vec::new(),
+        fds: Vec::new(),
+    };
+    let mut signature = String::new();
+    let mut unix_fds = 0;
+    while r.pos < fields_end {
+        r.align(8);
+        let code = r.take(1)?[0];
+        let Value::Variant(v) = r.value('v')? else {
+            return Err(DbusError::Malformed("header field".into()));
+        };
+        match (code, *v) {
+            (1, Value::Path(p)) => m.path = Some(p),
+            (2, Value::Str(s)) => m.interface = Some(s),
+            (3, Value::Str(s)) => m.member = Some(s),
+            (4, Value::Str(s)) => m.error_name = Some(s),
+            (5, Value::U32(n)) => m.reply_serial = Some(n),
+            (8, Value::Sig(s)) => signature = s,
+            (9, Value::U32(n)) => unix_fds = n,
+            _ => {}
+        }
+    }
+    r.align(8);
+    for t in signature.chars() {
+        match r.value(t) {
+            Ok(v) => m.body.push(v),
+            // A body with types we do not read (say, an array) is not an error: callers
+            // only look at the leading values they know.
+            Err(_) => break,
+        }
+    }
+    Ok((m, unix_fds))
 }
 
 /// A whole little-endian message of type `kind` with the header `fields` (code, value) and the
