@@ -26,24 +26,8 @@ bench_run_setup cri-features
 chmod 0711 "$W"
 pod_networks_init "$N"
 
-cleanup() {
-  set +e
-  stop_run
-  [ -n "${ip_forward_before:-}" ] && net_cleanup
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-d=$W/berth
-mkdir -p "$d"
-write_conflist berth
-"$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
-  --insecure-registry "$REG" --registry-config-dir "$d/certs.d" \
-  --cni-conf-dir "$d/net.d" --cni-bin-dir "$CNI_BIN" --no-agent --log-level warn >"$d/log" 2>&1 &
-daemons+=("$!")
-wait_sock "$d/berth.sock"
-make_cgroup_parent "$CG-berth"
+trap_net_run_cleanup
+start_berthd_pod_network
 args=(-r "$d/berth.sock" bench lifecycle --image "$IMAGE" --pod-network
   --cgroup-parent "/$CG-berth" --log-dir "$W/logs")
 "$BERTHCTL" "${args[@]}" --count 3 >/dev/null 2>"$W/warmup.err" || { cat "$W/warmup.err" >&2; exit 1; }

@@ -67,14 +67,7 @@ if [ "$NET" = pod ]; then pod_networks_init "$N"; fi
 # shellcheck source=hack/bench-common.sh
 . "$here/bench-common.sh"
 
-cleanup() {
-  set +e
-  stop_run
-  [ -n "${ip_forward_before:-}" ] && net_cleanup
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap_net_run_cleanup
 
 pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 mib() { echo "scale=2; $1 / 1024" | bc; }

@@ -91,3 +91,32 @@ net_cleanup() {
     "ip_forward $ip_forward_before -> $(cat /proc/sys/net/ipv4/ip_forward)"
 }
 
+
+# net_run_cleanup: ends the run (stop_run), removes its network leftovers and its work directory
+# (kept with KEEP=1); installed as the EXIT trap by trap_net_run_cleanup.
+net_run_cleanup() {
+  set +e
+  stop_run
+  [ -n "${ip_forward_before:-}" ] && net_cleanup
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
+}
+trap_net_run_cleanup() {
+  trap net_run_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+# start_berthd_pod_network: a berthd under $W/berth (root, state, socket, log) on the run's
+# berth network, pulling from $REG, without its agent; sets d and berthd_pid, and makes the
+# pods' cgroup parent $CG-berth.
+start_berthd_pod_network() {
+  d=$W/berth
+  mkdir -p "$d"
+  write_conflist berth
+  "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
+    --insecure-registry "$REG" --registry-config-dir "$d/certs.d" \
+    --cni-conf-dir "$d/net.d" --cni-bin-dir "$CNI_BIN" --no-agent --log-level warn >"$d/log" 2>&1 &
+  berthd_pid=$!
+  daemons+=("$berthd_pid")
+  wait_sock "$d/berth.sock"
+  make_cgroup_parent "$CG-berth"
+}

@@ -46,24 +46,8 @@ echo "== endurance: $hours h" >&2
 release_binaries "$top"
 bench_run_setup soak
 pod_networks_init 20
-cleanup() {
-  set +e
-  stop_run
-  [ -n "${ip_forward_before:-}" ] && net_cleanup
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $W" >&2; else rm -rf "$W"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-d=$W/berth
-mkdir -p "$d"
-write_conflist berth
-"$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$d/berth.sock" \
-  --insecure-registry "$REG" --registry-config-dir "$d/certs.d" \
-  --cni-conf-dir "$d/net.d" --cni-bin-dir "$CNI_BIN" --no-agent --log-level warn >"$d/log" 2>&1 &
-daemons+=("$!")
-berthd_pid=$!
-wait_sock "$d/berth.sock"
-make_cgroup_parent "$CG-berth"
+trap_net_run_cleanup
+start_berthd_pod_network
 secs=$(printf '%.0f' "$(echo "$hours * 3600" | bc -l)")
 "$BERTHCTL" -r "$d/berth.sock" bench soak --image "$IMAGE" --pod-network \
   --cgroup-parent "/$CG-berth" --pid "$berthd_pid" --duration-secs "$secs"

@@ -78,17 +78,13 @@ async fn running_containers_survive_kill_9_and_half_created_ones_are_rolled_back
         sh_container("quitter", &busybox, "sleep 1.5; exit 7", mode),
     )
     .await;
-    let created = c
-        .runtime()
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(sh_container("later", &busybox, "exec sleep 1000", mode)),
-            sandbox_config: Some(pod_cfg.clone()),
-        })
-        .await
-        .expect("create")
-        .into_inner()
-        .container_id;
+    let created = create_container(
+        &c,
+        &pod,
+        &pod_cfg,
+        sh_container("later", &busybox, "exec sleep 1000", mode),
+    )
+    .await;
     let pods_before = sandboxes(&c).await;
     let before = containers(&c).await;
     assert_eq!(before.len(), 3);
@@ -216,17 +212,13 @@ async fn what_no_record_names_is_removed_at_start() {
         sh_container("kept", &busybox, "exec sleep 1000", mode),
     )
     .await;
-    let lost = c
-        .runtime()
-        .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(sh_container("lost", &busybox, "exec sleep 1000", mode)),
-            sandbox_config: Some(pod_cfg.clone()),
-        })
-        .await
-        .expect("create")
-        .into_inner()
-        .container_id;
+    let lost = create_container(
+        &c,
+        &pod,
+        &pod_cfg,
+        sh_container("lost", &busybox, "exec sleep 1000", mode),
+    )
+    .await;
     let bundle = d.root().join("containers").join(&lost);
     assert!(mounted(&bundle.join("rootfs")));
     assert_eq!(d.snapshot_dirs().len(), snapshots_before.len() + 2);

@@ -534,15 +534,14 @@ pub async fn run_pod(c: &CriClient, config: &cri::PodSandboxConfig) -> String {
         .pod_sandbox_id
 }
 
-/// CreateContainer + StartContainer; panics on error.
-pub async fn run_container(
+/// CreateContainer; panics on error.
+pub async fn create_container(
     c: &CriClient,
     pod: &str,
     pod_config: &cri::PodSandboxConfig,
     config: cri::ContainerConfig,
 ) -> String {
-    let id = c
-        .runtime()
+    c.runtime()
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(config),
@@ -551,7 +550,17 @@ pub async fn run_container(
         .await
         .expect("CreateContainer")
         .into_inner()
-        .container_id;
+        .container_id
+}
+
+/// CreateContainer + StartContainer; panics on error.
+pub async fn run_container(
+    c: &CriClient,
+    pod: &str,
+    pod_config: &cri::PodSandboxConfig,
+    config: cri::ContainerConfig,
+) -> String {
+    let id = create_container(c, pod, pod_config, config).await;
     c.runtime()
         .start_container(cri::StartContainerRequest {
             container_id: id.clone(),
