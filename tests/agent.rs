@@ -915,7 +915,15 @@ async fn berthctl_logs_shows_a_containers_log_its_previous_instance_and_follows_
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let all = logs(&[]);
+    // Running is reported once the process starts: its four lines follow a moment later.
+    let mut all = logs(&[]);
+    for _ in 0..50 {
+        if all.lines().count() >= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        all = logs(&[]);
+    }
     let lines: Vec<&str> = all.lines().collect();
     assert_eq!(lines.len(), 4, "{all}");
     assert!(lines[0].starts_with("run "));
