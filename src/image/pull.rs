@@ -575,12 +575,31 @@ impl Inner {
         Ok(())
     }
 
-    /// Removes a snapshot a failed pull prepared, logging (not failing) on error.
+    /// Removes a snapshot a failed pull prepared, logging (not failing) on error. On a full
+    /// disk the metadata commit itself may find no room: the snapshot's files (discarded
+    /// anyway) are deleted first to make some, and the removal is tried once more.
     fn discard_snapshot(&self, key: &str) {
-        if let Err(e) = self.snapshots.remove(key)
-            && !matches!(e, berth_snapshotter::Error::NotFound(_))
+        let failed = match self.snapshots.remove(key) {
+            Ok(()) | Err(berth_snapshotter::Error::NotFound(_)) => return,
+            Err(e) => e,
+        };
+        if let Ok(dir) = self.snapshots.upper_dir(key)
+            && let Ok(entries) = std::fs::read_dir(&dir)
         {
-            tracing::warn!(snapshot = key, error = %e, "removing extraction snapshot");
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let _ = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+        match self.snapshots.remove(key) {
+            Ok(()) | Err(berth_snapshotter::Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(snapshot = key, error = %e, first = %failed, "removing extraction snapshot")
+            }
         }
     }
 }
