@@ -444,6 +444,12 @@ pub fn channel_protocols(data: &[u8]) {
             !ports.is_empty() && ports.iter().all(|p| *p > 0),
             "{ports:?}"
         );
+        // Port i is served on channels 2i and 2i + 1, one byte each.
+        assert!(
+            ports.len() <= portforward::MAX_WS_PORTS,
+            "{} ports",
+            ports.len()
+        );
     }
     if let Some(port) = portforward::spdy_port(Some(&text)) {
         assert!(port > 0);

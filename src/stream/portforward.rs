@@ -28,6 +28,8 @@ pub const WS_PROTOCOLS: &[&str] = &[
 ];
 /// Connect timeout to a pod port.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most ports one WebSocket port-forward serves: each takes two one-byte channel numbers.
+pub const MAX_WS_PORTS: usize = 128;
 
 /// Connects to `port` on the pod's loopback from inside its network namespace (`None`: the
 /// host's). A dedicated thread enters the namespace, so no runtime thread ever changes its own.
@@ -309,6 +311,12 @@ pub fn query_ports(query: &str, req: &cri::PortForwardRequest) -> Result<Vec<u16
     if ports.is_empty() {
         return Err("port-forward: no ports given".into());
     }
+    if ports.len() > MAX_WS_PORTS {
+        return Err(format!(
+            "port-forward: {} ports given, at most {MAX_WS_PORTS}",
+            ports.len()
+        ));
+    }
     Ok(ports)
 }
 
@@ -326,7 +334,8 @@ async fn serve_ws_channels<T>(
     let (mut r, mut w) = ws::server(io).await;
     let send = |ch: u8, data: &[u8]| {
         if base64 {
-            let mut s = vec![b'0' + ch];
+            // Past '9' the digit wraps, as the clients' decoding does.
+            let mut s = vec![b'0'.wrapping_add(ch)];
             s.extend_from_slice(ws::base64_encode(data).as_bytes());
             (ws::OP_TEXT, s)
         } else {
