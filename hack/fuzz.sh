@@ -6,7 +6,7 @@
 #   bash hack/fuzz.sh long [TARGET...]    each target for 10 minutes (`make fuzz`)
 #
 # FUZZ_SECONDS overrides the time per target. The seeds in fuzz/corpus/<target>/ are only read;
-# what a run discovers goes to fuzz/work/<target>/ and its log to fuzz/work/<target>.log (both
+# the inputs a run adds go to fuzz/found/<target>/ and its log to fuzz/found/<target>.log (both
 # ignored by git), a crashing input to fuzz/artifacts/<target>/. Reproduce a crash with
 # `RUSTC_BOOTSTRAP=1 cargo fuzz run -O -a <target> <file>` in fuzz/; once fixed, copy the input
 # to fuzz/regressions/<target>/, where tests/fuzz_regressions.rs replays it.
@@ -55,19 +55,19 @@ cargo fuzz build "${flags[@]}"
 
 failed=()
 for t in "${targets[@]}"; do
-	mkdir -p "work/$t"
+	mkdir -p "found/$t"
 	echo "== $t: ${seconds}s"
 	# -timeout: one input running that long is a hang. -rss_limit_mb/-malloc_limit_mb: memory
 	# must stay bounded whatever a length field announces.
-	if cargo fuzz run "${flags[@]}" "$t" "work/$t" "corpus/$t" -- \
+	if cargo fuzz run "${flags[@]}" "$t" "found/$t" "corpus/$t" -- \
 		-max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=512 \
-		-print_final_stats=1 >"work/$t.log" 2>&1; then
-		runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "work/$t.log")
-		rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "work/$t.log")
+		-print_final_stats=1 >"found/$t.log" 2>&1; then
+		runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "found/$t.log")
+		rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "found/$t.log")
 		echo "   ok: ${runs:-?} runs, ${rate:-?} exec/s"
 	else
-		echo "   FAILED (log: fuzz/work/$t.log; input in fuzz/artifacts/$t/):"
-		grep -E -m 5 "panicked at|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY" "work/$t.log" | sed 's/^/   /' || true
+		echo "   FAILED (log: fuzz/found/$t.log; input in fuzz/artifacts/$t/):"
+		grep -E -m 5 "panicked at|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY" "found/$t.log" | sed 's/^/   /' || true
 		failed+=("$t")
 	fi
 done
