@@ -405,3 +405,45 @@ async fn verbose_status_reports_pull_progress_per_layer() {
     let pulls: serde_json::Value = serde_json::from_str(&s.info["pulls"]).expect("JSON");
     assert_eq!(pulls["inProgress"].as_array().map(Vec::len), Some(0));
 }
+
+#[tokio::test]
+async fn loopback_registries_need_no_flag_and_plain_http_over_https_is_named() {
+    // `localhost:<port>` is not among the daemon's insecure registries: HTTPS fails on the
+    // plain-HTTP test registry, and the pull goes on over HTTP.
+    let port = registry().rsplit_once(':').map(|(_, p)| p.to_string());
+    let port = port.expect("test registry port");
+    let d = Daemon::start();
+    let c = d.client().await;
+    let by_localhost = format!("localhost:{port}/busybox");
+    let id = pull(&c, &by_localhost).await.expect("pull from loopback");
+    assert_eq!(
+        status(&c, &format!("{by_localhost}:latest"))
+            .await
+            .expect("status")
+            .id,
+        id
+    );
+    drop(c);
+
+    // A server named with https:// in hosts.toml gets HTTPS only; when it answers plain HTTP
+    // the error says so and what to do.
+    let dir = TempDir::new("plainhttp");
+    let host_dir = dir.path().join("registry.example.test");
+    std::fs::create_dir_all(&host_dir).expect("mkdir");
+    std::fs::write(
+        host_dir.join("hosts.toml"),
+        format!("server = \"https://localhost:{port}\"\n"),
+    )
+    .expect("hosts.toml");
+    let d = Daemon::start_with(&["--registry-config-dir", &dir.path().to_string_lossy()]);
+    let c = d.client().await;
+    let e = pull(&c, "registry.example.test/busybox")
+        .await
+        .expect_err("HTTPS to a plain-HTTP registry");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("plain HTTP") && e.message().contains("--insecure-registry"),
+        "{e:?}"
+    );
+    assert!(list(&c).await.is_empty());
+}

@@ -3,7 +3,7 @@
 //! For a registry host `H` the endpoints are, in order: the `[host."…"]` entries of
 //! `<config_dir>/H/hosts.toml` (or `<config_dir>/_default/hosts.toml`), then mirrors from Berth's
 //! own config, then the file's `server` (default: the registry itself over HTTPS, or HTTP when
-//! `H` is listed as an insecure registry).
+//! `H` is listed as an insecure registry; a registry on loopback over HTTPS, then HTTP).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -186,7 +186,8 @@ fn endpoints_with(
         "registry-1.docker.io" | "index.docker.io" => "docker.io".to_string(),
         _ => server_host,
     };
-    out.push(Endpoint {
+    let server_named = file.as_ref().is_some_and(|(_, f)| f.server.is_some());
+    let server = Endpoint {
         is_origin: server_host == registry,
         plain_http: server_plain || cfg.insecure_registries.contains(&server_host),
         host: server_host,
@@ -194,8 +195,32 @@ fn endpoints_with(
         ca_files,
         resolve,
         pull,
-    });
+    };
+    // A registry on the node itself is tried over HTTPS, then over plain HTTP, as containerd
+    // and Docker do: nothing crosses the network, and the quick start's local registry works.
+    let plain_fallback =
+        (!server.plain_http && !server_named && is_loopback(&server.host)).then(|| Endpoint {
+            plain_http: true,
+            ..server.clone()
+        });
+    out.push(server);
+    out.extend(plain_fallback);
     out
+}
+
+/// Whether `host[:port]` names this machine: `localhost`, 127.0.0.0/8 or `[::1]`.
+pub fn is_loopback(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or(rest)
+    } else {
+        host.rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(host, |(name, _)| name)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn load_hosts_file(dir: &Path, registry: &str) -> Result<Option<(PathBuf, HostsFile)>, HostsError> {
@@ -273,6 +298,36 @@ mod tests {
         assert_eq!(eps.len(), 1);
         assert!(eps[0].plain_http && eps[0].is_origin);
         let eps = endpoints_for("quay.io", &cfg).expect("endpoints");
+        assert_eq!(eps.len(), 1);
         assert!(!eps[0].plain_http);
+    }
+
+    #[test]
+    fn loopback_registries_are_tried_over_https_then_http() {
+        let cfg = cfg_with_dir(Path::new("/nonexistent-berth"));
+        for host in [
+            "localhost:5000",
+            "127.0.0.1:5050",
+            "127.1.2.3",
+            "[::1]:5000",
+            "LOCALHOST",
+        ] {
+            let eps = endpoints_for(host, &cfg).expect("endpoints");
+            let plain: Vec<bool> = eps.iter().map(|e| e.plain_http).collect();
+            assert_eq!(plain, vec![false, true], "{host}");
+            assert!(eps.iter().all(|e| e.is_origin && e.host == host), "{host}");
+        }
+        for host in [
+            "localhost.example.com:5000",
+            "10.0.0.1:5000",
+            "[::2]:5000",
+            "docker.io",
+        ] {
+            assert_eq!(
+                endpoints_for(host, &cfg).expect("endpoints").len(),
+                1,
+                "{host}"
+            );
+        }
     }
 }

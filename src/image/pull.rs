@@ -118,6 +118,14 @@ fn registry_error(image: &ImageRef, what: &str, e: OciDistributionError) -> Imag
                     registry,
                     reason: text,
                 }
+            } else if text.contains("InvalidContentType") {
+                // rustls read a plain-HTTP answer as a TLS record.
+                ImageError::Unavailable {
+                    reason: format!(
+                        "{what}: {text}: the registry answered HTTPS with plain HTTP; to pull from it over HTTP, list it with --insecure-registry {registry} (registry.insecure_registries in the config file)"
+                    ),
+                    registry,
+                }
             } else {
                 ImageError::Unavailable {
                     registry,
