@@ -177,6 +177,16 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Containers' status and verbose info, as JSON.
+    Inspect {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Pod sandboxes' status (network, IP) and verbose info, as JSON.
+    Inspectp {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// A container's log (its CRI log file), as `kubectl logs` shows it.
     Logs(logs::LogsArgs),
     /// List pod sandboxes.
@@ -531,6 +541,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pods::ps(&client, pods::PsArgs { all, pod, quiet }, json).await?;
         }
         Command::Pods { ready, quiet, .. } => pods::pods(&client, ready, quiet, json).await?,
+        Command::Inspect { ids } => pods::inspect_containers(&client, &ids).await?,
+        Command::Inspectp { ids } => pods::inspect_pods(&client, &ids).await?,
         Command::Logs(args) => logs::logs(&client, args).await?,
         Command::Node { .. } => bail!("internal: node commands are answered by the agent endpoint"),
         Command::Bench {

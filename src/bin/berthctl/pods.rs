@@ -197,10 +197,24 @@ pub async fn pods(c: &CriClient, ready_only: bool, quiet: bool, json: bool) -> a
         return Ok(());
     }
     println!(
-        "{:<13}  {:<14}  {:<13}  {:<30}  {:<20}  {:<7}",
-        "POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"
+        "{:<13}  {:<14}  {:<13}  {:<30}  {:<20}  {:<7}  {:<15}",
+        "POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT", "IP"
     );
     for p in &list.items {
+        // ListPodSandbox carries no IP: the pod's status does.
+        let ip = c
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: p.id.clone(),
+                verbose: false,
+            })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().status)
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty())
+            .unwrap_or_else(|| "-".into());
         let state = cri::PodSandboxState::try_from(p.state)
             .map(|s| s.as_str_name())
             .unwrap_or("UNKNOWN");
@@ -210,16 +224,71 @@ pub async fn pods(c: &CriClient, ready_only: bool, quiet: bool, json: bool) -> a
             .map(|m| (m.name.as_str(), m.namespace.as_str(), m.attempt))
             .unwrap_or_default();
         println!(
-            "{:<13}  {:<14}  {:<13}  {:<30}  {:<20}  {:<7}",
+            "{:<13}  {:<14}  {:<13}  {:<30}  {:<20}  {:<7}  {:<15}",
             short(&p.id),
             age(p.created_at),
             state,
             name,
             ns,
-            attempt
+            attempt,
+            ip
         );
     }
     Ok(())
+}
+
+/// `berthctl inspectp`: each pod's status and verbose info as JSON, as `crictl inspectp` prints
+/// them (`{"status": …, "info": …}`).
+pub async fn inspect_pods(c: &CriClient, ids: &[String]) -> anyhow::Result<()> {
+    for id in ids {
+        let r = c
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: true,
+            })
+            .await
+            .map_err(status_message)
+            .with_context(|| format!("PodSandboxStatus {id}"))?
+            .into_inner();
+        print_json(&with_info(serde_json::to_value(&r.status)?, &r.info))?;
+    }
+    Ok(())
+}
+
+/// `berthctl inspect`: each container's status and verbose info as JSON, as `crictl inspect`
+/// prints them.
+pub async fn inspect_containers(c: &CriClient, ids: &[String]) -> anyhow::Result<()> {
+    for id in ids {
+        let r = c
+            .runtime()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: true,
+            })
+            .await
+            .map_err(status_message)
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner();
+        print_json(&with_info(serde_json::to_value(&r.status)?, &r.info))?;
+    }
+    Ok(())
+}
+
+/// `{"status": status, "info": {key: value parsed as JSON where it is JSON}}`.
+fn with_info(
+    status: serde_json::Value,
+    info: &std::collections::HashMap<String, String>,
+) -> serde_json::Value {
+    let info: serde_json::Map<String, serde_json::Value> = info
+        .iter()
+        .map(|(k, v)| {
+            let v =
+                serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone()));
+            (k.clone(), v)
+        })
+        .collect();
+    serde_json::json!({ "status": status, "info": info })
 }
 
 /// The first 13 characters of an id, as crictl shows them.
