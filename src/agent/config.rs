@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// Settings of the embedded node agent.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
     /// Whether berthd runs the agent (`--no-agent` turns it off).
@@ -132,7 +132,7 @@ pub struct AgentConfig {
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShutdownGraceByPriority {
     /// Lowest pod priority of the range.

@@ -165,6 +165,8 @@ enum ConfigCommand {
     Default,
     /// Print the effective configuration (file plus flags).
     Show,
+    /// Print every option of the configuration file: type, default and meaning.
+    Reference,
 }
 
 fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
@@ -336,6 +338,7 @@ fn main() {
     if let Some(Command::Config { what }) = &cli.command {
         match what {
             ConfigCommand::Default => print!("{}", Config::default_toml()),
+            ConfigCommand::Reference => print!("{}", berth::config::reference::reference()),
             ConfigCommand::Show => match effective_config(&cli) {
                 Ok(cfg) => print!("{}", toml::to_string_pretty(&cfg).unwrap_or_default()),
                 Err(e) => {

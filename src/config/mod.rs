@@ -4,11 +4,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod reference;
+
 /// Default location of the configuration file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/berth/config.toml";
 
 /// The whole configuration of berthd.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Persistent state: metadata database, content store, snapshots.
@@ -35,7 +37,7 @@ pub struct Config {
 }
 
 /// berthd's Prometheus endpoint (off unless an address is given).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// `HOST:PORT` serving `/metrics` (e.g. `127.0.0.1:1338`); empty: no endpoint.
@@ -43,7 +45,7 @@ pub struct MetricsConfig {
 }
 
 /// The streaming server's address, timeouts and optional TLS.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StreamConfig {
     /// `HOST:PORT` to listen on; port 0 picks a free port.
@@ -71,7 +73,7 @@ impl Default for StreamConfig {
 }
 
 /// Where CNI network configs and plugins are, and how long a plugin may run.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CniConfig {
     /// Directory of network configs; the first valid `.conflist`/`.conf`/`.json` by name is used.
@@ -93,7 +95,7 @@ impl Default for CniConfig {
 }
 
 /// How images are pulled from registries.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Registries (host or host:port) spoken to over plain HTTP.
@@ -150,11 +152,13 @@ pub enum ConfigError {
         path: PathBuf,
         error: std::io::Error,
     },
-    /// The file is not valid TOML for Berth's schema.
-    #[error("parsing config file {path}: {error}")]
+    /// The file is not valid TOML for Berth's schema (an unknown key included: a typo must
+    /// not be silently ignored); `hint` names the known key closest to an unknown one.
+    #[error("parsing config file {path}: {error}{hint}")]
     Parse {
         path: PathBuf,
         error: Box<toml::de::Error>,
+        hint: String,
     },
     /// A value is out of range.
     #[error("invalid config: {0}")]
@@ -176,10 +180,7 @@ impl Config {
                 });
             }
         };
-        Self::parse(&text).map_err(|error| ConfigError::Parse {
-            path: path.to_owned(),
-            error: Box::new(error),
-        })
+        Self::parse(&text).map_err(|error| parse_error(path, error))
     }
 
     /// Loads `path` (as [`Config::load`]) and then every `*.toml` drop-in file of `drop_in_dir`
@@ -195,7 +196,7 @@ impl Config {
             return Self::load(path, required);
         };
         let mut merged = match std::fs::read_to_string(path) {
-            Ok(text) => parse_table(path, &text)?,
+            Ok(text) => checked_table(path, &text)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => toml::Table::new(),
             Err(error) => {
                 return Err(ConfigError::Read {
@@ -218,15 +219,12 @@ impl Config {
                 path: file.clone(),
                 error,
             })?;
-            merge_tables(&mut merged, parse_table(file, &text)?);
+            merge_tables(&mut merged, checked_table(file, &text)?);
         }
         let last = files.last().cloned().unwrap_or_else(|| path.to_owned());
         toml::Value::Table(merged)
             .try_into()
-            .map_err(|error| ConfigError::Parse {
-                path: last,
-                error: Box::new(error),
-            })
+            .map_err(|error| parse_error(&last, error))
     }
 
     /// Parses TOML text.
@@ -304,12 +302,41 @@ impl Config {
     }
 }
 
-fn parse_table(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
+/// `text` (the file at `path`) as a table, checked against the schema on its own first (every
+/// field has a default, so a drop-in setting one key is a whole config) so that an unknown key
+/// or a wrong type is reported in the file that holds it.
+fn checked_table(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
+    Config::parse(text).map_err(|error| parse_error(path, error))?;
     text.parse::<toml::Table>()
-        .map_err(|error| ConfigError::Parse {
-            path: path.to_owned(),
-            error: Box::new(error),
-        })
+        .map_err(|error| parse_error(path, error))
+}
+
+fn parse_error(path: &Path, error: toml::de::Error) -> ConfigError {
+    ConfigError::Parse {
+        path: path.to_owned(),
+        hint: unknown_key_hint(error.message()),
+        error: Box::new(error),
+    }
+}
+
+/// For serde's "unknown field `x`, expected one of `a`, `b`" the closest known key, when one is
+/// close enough to be a typo: " (did you mean `a`?)".
+fn unknown_key_hint(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return String::new();
+    };
+    let Some((unknown, expected)) = rest.split_once('`') else {
+        return String::new();
+    };
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|known| (strsim::damerau_levenshtein(unknown, known), known))
+        .filter(|(d, known)| *d <= (known.len() / 3).max(1))
+        .min()
+        .map(|(_, known)| format!(" (did you mean `{known}`?)"))
+        .unwrap_or_default()
 }
 
 /// Overrides `base` with `over`: tables merge recursively, other values are replaced.
@@ -387,12 +414,33 @@ mod tests {
         std::fs::write(d.join("30-bad.toml"), "[agent]\nno_such_field = 1\n").expect("write");
         let err = Config::load_with_drop_ins(&main, true, Some(&d)).expect_err("unknown field");
         assert!(err.to_string().contains("no_such_field"), "{err}");
+        assert!(!err.to_string().contains("did you mean"), "{err}");
+        // A typo in a drop-in that is not the last: that file is named, with the key meant.
+        std::fs::remove_file(d.join("30-bad.toml")).expect("rm");
+        std::fs::write(
+            d.join("15-typo.toml"),
+            "[agent]\nnode_status_max_imagse = 1\n",
+        )
+        .expect("write");
+        let err = Config::load_with_drop_ins(&main, true, Some(&d)).expect_err("typo");
+        let text = err.to_string();
+        assert!(text.contains("15-typo.toml"), "{text}");
+        assert!(
+            text.contains("did you mean `node_status_max_images`?"),
+            "{text}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn unknown_field_is_an_error() {
-        assert!(Config::parse("rooot = \"/x\"").is_err());
+        let err = Config::parse("rooot = \"/x\"").expect_err("unknown");
+        assert_eq!(unknown_key_hint(err.message()), " (did you mean `root`?)");
+        let err = Config::parse("[cni]\nplugin_timeout = 3").expect_err("unknown");
+        assert_eq!(
+            unknown_key_hint(err.message()),
+            " (did you mean `plugin_timeout_secs`?)"
+        );
     }
 
     #[test]
