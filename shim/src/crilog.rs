@@ -122,11 +122,14 @@ pub fn format_record(timestamp: &str, stream: Stream, full: bool, body: &[u8]) -
     line
 }
 
-/// The CRI log file; reopened on request (after rotation).
+/// The CRI log file; reopened on request (after rotation). A log that cannot be written (a
+/// full disk, an I/O error) costs the lines written meanwhile and one warning, never the
+/// container.
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
     file: File,
+    failing: bool,
 }
 
 impl LogFile {
@@ -134,6 +137,7 @@ impl LogFile {
         Ok(Self {
             path: path.to_path_buf(),
             file: open_append(path)?,
+            failing: false,
         })
     }
 
@@ -146,8 +150,22 @@ impl LogFile {
 impl RecordSink for LogFile {
     fn record(&mut self, stream: Stream, full: bool, body: &[u8]) -> io::Result<()> {
         // One write per record so that readers never see half a line.
-        self.file
+        match self
+            .file
             .write_all(&format_record(&timefmt::now(), stream, full, body))
+        {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                tracing::info!(log = %self.path.display(), "the container log is written again");
+            }
+            Ok(()) => {}
+            Err(e) if !self.failing => {
+                self.failing = true;
+                tracing::warn!(log = %self.path.display(), error = %e, "writing the container log failed: its output is dropped until the log can be written again");
+            }
+            Err(_) => {}
+        }
+        Ok(())
     }
 }
 

@@ -129,6 +129,14 @@ pub struct AgentConfig {
     /// With swap allowed: `NoSwap` (pods get none) or `LimitedSwap` (Burstable pods may swap
     /// in proportion to their memory request).
     pub memory_swap_behavior: String,
+    /// A running container's log is rotated once it is larger than this (a quantity, as the
+    /// kubelet's containerLogMaxSize).
+    pub container_log_max_size: String,
+    /// Log files kept per container, the live one included (at least 2); the older rotated
+    /// ones are gzip-compressed.
+    pub container_log_max_files: u32,
+    /// Seconds between two checks of the containers' log sizes.
+    pub container_log_monitor_interval_secs: f64,
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
@@ -265,6 +273,9 @@ impl Default for AgentConfig {
             logind_config_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
             fail_swap_on: true,
             memory_swap_behavior: "NoSwap".to_string(),
+            container_log_max_size: "10Mi".to_string(),
+            container_log_max_files: 5,
+            container_log_monitor_interval_secs: 10.0,
         }
     }
 }
@@ -277,8 +288,29 @@ impl AgentConfig {
             .unwrap_or_else(|| state_dir.join("agent/pki"))
     }
 
+    /// `container_log_max_size` in bytes (None unless a positive quantity).
+    pub fn container_log_max_bytes(&self) -> Option<u64> {
+        crate::agent::runtime::resources::parse_quantity(&self.container_log_max_size)
+            .filter(|b| *b >= 1.0 && b.is_finite())
+            .map(|b| b as u64)
+    }
+
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
+        if self.container_log_max_bytes().is_none() {
+            return Err(format!(
+                "agent.container_log_max_size {:?} is not a positive quantity (such as 10Mi)",
+                self.container_log_max_size
+            ));
+        }
+        if self.container_log_max_files < 2 {
+            return Err("agent.container_log_max_files must be at least 2".into());
+        }
+        if self.container_log_monitor_interval_secs.is_nan()
+            || self.container_log_monitor_interval_secs < 1.0
+        {
+            return Err("agent.container_log_monitor_interval_secs must be at least 1".into());
+        }
         if self.address.parse::<std::net::SocketAddr>().is_err() {
             return Err(format!(
                 "agent.address {:?} is not HOST:PORT (an IP address and a port)",

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod gc;
+pub mod log_rotation;
 pub mod metrics;
 pub mod node;
 pub mod node_server;
@@ -254,6 +255,7 @@ pub async fn start(
     tokio::spawn(node_status.clone().run());
     tokio::spawn(eviction::run(ctx.clone()));
     tokio::spawn(gc::run(ctx.clone()));
+    tokio::spawn(log_rotation::run(ctx.clone()));
     let pods = pods::manager::PodManager::new(ctx.clone(), cluster.clone(), node_status.clone());
     if let Some(cluster) = &cluster {
         tokio::spawn(sources::api::run(cluster.clone(), pods.clone()));
