@@ -493,3 +493,64 @@ async fn an_expired_deadline_is_deadline_exceeded() {
         assert!(e.message().contains("deadline"), "{}", e.message());
     }
 }
+
+#[tokio::test]
+async fn node_credentials_are_used_when_the_request_has_none_and_never_logged() {
+    let (user, pass) = auth_creds();
+    let reference = format!("{}/busybox", auth_registry());
+    let dir = TempDir::new("nodeauth");
+    // From the config file's [registry.auth."host"] table.
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[registry.auth.\"{}\"]\nusername = \"{user}\"\npassword = \"{pass}\"\n",
+            auth_registry()
+        ),
+    )
+    .expect("config");
+    let d = Daemon::start_with(&["--config", &config.to_string_lossy()]);
+    let c = d.client().await;
+    pull_with(&c, &reference, None)
+        .await
+        .expect("pulled with the node's credentials");
+    drop(c);
+    drop(d);
+
+    // From a docker-style config.json named by registry.auth_file.
+    let json = dir.path().join("config.json");
+    let encoded = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{user}:{pass}"),
+    );
+    std::fs::write(
+        &json,
+        format!(
+            "{{\"auths\": {{\"http://{}\": {{\"auth\": \"{encoded}\"}}}}}}",
+            auth_registry()
+        ),
+    )
+    .expect("config.json");
+    std::fs::write(
+        &config,
+        format!("[registry]\nauth_file = \"{}\"\n", json.display()),
+    )
+    .expect("config");
+    let d = Daemon::start_with(&["--config", &config.to_string_lossy()]);
+    let c = d.client().await;
+    pull_with(&c, &reference, None)
+        .await
+        .expect("pulled with config.json's credentials");
+    // A broken file is named in the error; nothing is pulled.
+    std::fs::write(&json, "{ not json").expect("break it");
+    let e = pull_with(&c, &format!("{}/busybox:other", auth_registry()), None)
+        .await
+        .expect_err("unreadable config.json");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("config.json"), "{e:?}");
+    let log = d.log();
+    assert!(
+        !log.contains(&pass) && !log.contains(&encoded),
+        "a secret in the log"
+    );
+}

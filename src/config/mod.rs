@@ -111,6 +111,35 @@ pub struct RegistryConfig {
     pub max_concurrent_downloads: usize,
     /// Seconds allowed to connect to a registry.
     pub connect_timeout_secs: u64,
+    /// Credentials per registry host (`[registry.auth."host:port"]`), used when a pull request
+    /// carries none.
+    pub auth: std::collections::BTreeMap<String, RegistryAuth>,
+    /// A docker-style `config.json` whose `auths` are used when a pull request carries no
+    /// credentials and `registry.auth` has none for the host; read at each pull.
+    pub auth_file: Option<PathBuf>,
+}
+
+/// Credentials for one registry: `username` and `password`, or `auth` (base64 of
+/// `user:password`), or `identity_token`. Never logged.
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryAuth {
+    /// User name.
+    pub username: String,
+    /// Password.
+    pub password: String,
+    /// base64 of `user:password`, as docker's config.json holds it.
+    pub auth: String,
+    /// A bearer token for the registry.
+    pub identity_token: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -138,6 +167,8 @@ impl Default for RegistryConfig {
             mirrors: Default::default(),
             ca_file: None,
             max_concurrent_downloads: 4,
+            auth: Default::default(),
+            auth_file: None,
             connect_timeout_secs: 10,
         }
     }

@@ -31,15 +31,10 @@ fn credentials(auth: Option<&cri::AuthConfig>) -> Result<Credentials, Status> {
         ));
     }
     if !auth.auth.is_empty() {
-        let decoded = crate::stream::websocket::base64_decode(auth.auth.trim().as_bytes())
-            .and_then(|b| String::from_utf8(b).ok())
-            .ok_or_else(|| {
-                Status::invalid_argument("auth config: `auth` is not base64 of user:password")
-            })?;
-        let (user, pass) = decoded.split_once(':').ok_or_else(|| {
-            Status::invalid_argument("auth config: `auth` must encode user:password")
+        let (user, pass) = crate::image::node_auth::decode_basic(&auth.auth).ok_or_else(|| {
+            Status::invalid_argument("auth config: `auth` is not base64 of user:password")
         })?;
-        return Ok(Credentials::Basic(user.to_string(), pass.to_string()));
+        return Ok(Credentials::Basic(user, pass));
     }
     if !auth.registry_token.is_empty() {
         return Ok(Credentials::Bearer(auth.registry_token.clone()));

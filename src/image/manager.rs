@@ -181,6 +181,16 @@ impl ImageManager {
     /// Pulls `reference`, sharing the work with a concurrent pull of the same reference.
     pub async fn pull(&self, reference: &str, creds: Credentials) -> Result<ImageView, ImageError> {
         let image = ImageRef::parse(reference)?;
+        let creds = match creds {
+            Credentials::Anonymous => {
+                super::node_auth::credentials_for(&self.inner.registry_config, &image.registry)
+                    .map_err(|e| ImageError::AuthFailed {
+                        registry: image.registry.clone(),
+                        reason: e.to_string(),
+                    })?
+            }
+            given => given,
+        };
         let key = format!("{image}|{creds:?}");
         let fut = {
             let mut inflight = self

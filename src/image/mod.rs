@@ -4,6 +4,7 @@ pub mod content;
 pub mod hosts;
 mod manager;
 pub mod manifest;
+pub mod node_auth;
 mod pull;
 pub mod reference;
 pub mod registry;
