@@ -113,6 +113,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
+        crate::sd_notify::notify("STOPPING=1");
     };
     let stream =
         crate::stream::StreamServer::start(&config.stream, containers.clone(), sandboxes.clone())

@@ -11,6 +11,7 @@ pub mod logs;
 pub mod metrics;
 pub mod net;
 pub mod runtime;
+pub mod sd_notify;
 pub mod socket_access;
 pub mod store;
 pub mod stream;

@@ -187,6 +187,8 @@ pub async fn serve(
     let listener = crate::socket_access::bind(socket, socket_gid)
         .with_context(|| format!("binding CRI socket {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), "serving CRI v1 and v1alpha2");
+    // The socket accepts connections from here on: a `Type=notify` unit is started.
+    crate::sd_notify::notify("READY=1");
 
     let lists = Arc::new(runtime.clone());
     let routes = routes(runtime, images);
