@@ -207,6 +207,23 @@ impl Invoker {
             // Its own process group, so a timeout kills whatever it started too.
             .process_group(0)
             .kill_on_drop(true);
+        let parent = rustix::process::getpid();
+        // SAFETY: the closure runs in the forked child before exec and only makes the
+        // async-signal-safe prctl(2) and getppid(2) system calls, allocating nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // A plugin call dies with the thread that started it (a runtime worker, which
+                // lives as long as berthd), so a berthd killed by SIGKILL leaves no plugin
+                // hanging; after the restart the pod's record leads to a DEL.
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))?;
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(std::io::Error::other("berthd exited"));
+                }
+                Ok(())
+            });
+        }
         if std::env::var_os("PATH").is_none() {
             // Plugins such as portmap and bridge run iptables.
             cmd.env("PATH", DEFAULT_PATH);
