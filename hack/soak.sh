@@ -2,7 +2,8 @@
 # Soak: two parts, in one run.
 #   Chaos (--kills N, default 50; 0 skips it): tests/chaos.rs with N kills. berthd is killed with
 #     SIGKILL at random moments while pods with networks and containers are created and removed
-#     and shims are killed under it, then with the agent running static pods whose manifests come
+#     and shims are killed under it (every fifth round on a root filled to ENOSPC, every fifth
+#     with a CNI plugin hanging), then with the agent running static pods whose manifests come
 #     and go. Afterwards the CRI's view is checked against the disk, every pod is removed, nothing
 #     may be left (mounts, cgroups, network namespaces, veths, IPs, shims, processes, bundles,
 #     snapshots) and the image's blobs must still hash to their digests. Prints what was checked.
