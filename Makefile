@@ -3,7 +3,7 @@ CARGO ?= cargo
 ROOT ?= /var/lib/berth
 ARGS ?=
 
-.PHONY: all deps build run test unit lint bench fuzz clean
+.PHONY: all deps build run test unit lint bench fuzz deb clean
 
 all: build
 
@@ -32,6 +32,10 @@ test: deps
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The Debian package (cargo-deb): target/debian/berth_<version>_<arch>.deb; see hack/deb.sh.
+deb: build
+	bash hack/deb.sh
 
 # Each fuzz target for 10 minutes (cargo-fuzz, libFuzzer); see hack/fuzz.sh.
 fuzz:

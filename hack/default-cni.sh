@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs Berth's default pod network (bridge berth0 + host-local 10.88.0.0/16 + portmap +
-# bandwidth, CNI 1.0.0, Debian's containernetworking-plugins) when the CNI conf dir has no
-# network config yet. Loopback needs no plugin: Berth brings `lo` up in every pod itself.
+# Installs Berth's default pod network, packaging/10-berth.conflist (bridge berth0 + host-local
+# 10.88.0.0/16 + portmap + bandwidth, CNI 1.0.0, Debian's containernetworking-plugins), when the
+# CNI conf dir has no network config yet, as the Debian package's postinst does. Loopback needs no plugin: Berth brings
+# `lo` up in every pod itself.
 # Usage: hack/default-cni.sh [CONF_DIR]   (default /etc/cni/net.d)
 set -euo pipefail
 dir=${1:-/etc/cni/net.d}
@@ -12,28 +13,7 @@ if compgen -G "$dir/*.conflist" >/dev/null || compgen -G "$dir/*.conf" >/dev/nul
     exit 0
 fi
 tmp=$(mktemp "$dir/.10-berth.XXXXXX")
-cat >"$tmp" <<'JSON'
-{
-  "cniVersion": "1.0.0",
-  "name": "berth",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "berth0",
-      "isGateway": true,
-      "ipMasq": true,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{ "subnet": "10.88.0.0/16" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
-      }
-    },
-    { "type": "portmap", "capabilities": { "portMappings": true } },
-    { "type": "bandwidth", "capabilities": { "bandwidth": true } }
-  ]
-}
-JSON
+cp "$(dirname "$0")/../packaging/10-berth.conflist" "$tmp"
 chmod 0644 "$tmp"
 mv "$tmp" "$dir/10-berth.conflist"
 echo "default-cni: wrote $dir/10-berth.conflist (bridge berth0, 10.88.0.0/16)"

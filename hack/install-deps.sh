@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing Berth needs, from Debian's packages and crates.io only.
 set -euo pipefail
-pkgs=(gcc libc6-dev protobuf-compiler iproute2 util-linux libseccomp-dev docker-registry skopeo apache2-utils jq zstd curl bc busybox-static containernetworking-plugins iptables openssl dbus-daemon python3-dbus python3-gi)
+pkgs=(gcc libc6-dev protobuf-compiler iproute2 util-linux libseccomp-dev docker-registry skopeo apache2-utils jq zstd curl bc busybox-static containernetworking-plugins iptables openssl dbus-daemon python3-dbus python3-gi debootstrap)
 pkgs+=(prometheus)
 [ "${1:-}" = "--bench" ] && pkgs+=(containerd runc)
 missing=()
@@ -31,4 +31,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if ! command -v cargo-nextest >/dev/null 2>&1 && ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
+fi
+# The Debian package is built with cargo-deb (make deb, and the package test).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  cargo install --locked cargo-deb --version 3.8.0
 fi

@@ -207,6 +207,9 @@ enum Command {
         #[command(subcommand)]
         action: Option<NodeAction>,
     },
+    /// Print berthctl's manual page (roff).
+    #[command(hide = true)]
+    Man,
     /// Benchmarks over CRI.
     Bench {
         #[command(subcommand)]
@@ -281,6 +284,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node {
             action: Some(NodeAction::Shutdown),
         } => return agent::shutdown(&cli.agent_socket, json),
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out)?;
+            return Ok(std::io::stdout().write_all(&out)?);
+        }
         _ => {}
     }
     let path = socket_path(&cli.endpoint);
@@ -544,7 +552,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { ids } => pods::inspect_containers(&client, &ids).await?,
         Command::Inspectp { ids } => pods::inspect_pods(&client, &ids).await?,
         Command::Logs(args) => logs::logs(&client, args).await?,
-        Command::Node { .. } => bail!("internal: node commands are answered by the agent endpoint"),
+        Command::Node { .. } | Command::Man => {
+            bail!("internal: answered before connecting to the runtime")
+        }
         Command::Bench {
             bench: Bench::Lifecycle(args),
         } => bench::lifecycle(&client, args, json).await?,

@@ -119,6 +119,12 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
+    /// Print a manual page (roff): berthd(8) or berth.toml(5).
+    #[command(hide = true)]
+    Man {
+        #[arg(value_enum, default_value = "berthd")]
+        page: ManPage,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -157,6 +163,15 @@ enum Command {
     /// Internal: pid 1 of a pod's shared PID namespace (started by pin-namespaces).
     #[command(hide = true)]
     PodInit,
+}
+
+/// The manual pages berthd prints.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ManPage {
+    /// berthd(8): the daemon and its flags.
+    Berthd,
+    /// berth.toml(5): the configuration file.
+    BerthToml,
 }
 
 #[derive(Subcommand)]
@@ -282,6 +297,24 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(Command::Man { page }) = &cli.command {
+        let text = match page {
+            ManPage::Berthd => {
+                let mut out = Vec::new();
+                let cmd = <Cli as clap::CommandFactory>::command();
+                match clap_mangen::Man::new(cmd).section("8").render(&mut out) {
+                    Ok(()) => String::from_utf8_lossy(&out).into_owned(),
+                    Err(e) => {
+                        eprintln!("berthd: {e}");
+                        std::process::exit(1);
+                    }
+                }
+            }
+            ManPage::BerthToml => berth::config::reference::man_page(),
+        };
+        print!("{text}");
+        return;
+    }
     if let Some(Command::PodInit) = &cli.command {
         berth::runtime::pin::run_pod_init();
     }

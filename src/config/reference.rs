@@ -23,6 +23,28 @@ pub fn reference() -> String {
     out
 }
 
+/// berth.toml(5): the reference as a manual page (roff).
+pub fn man_page() -> String {
+    let mut out = String::from(
+        ".TH BERTH.TOML 5 \"\" \"berth\" \"File Formats\"\n\
+         .SH NAME\nberth.toml \\- configuration file of berthd(8)\n\
+         .SH SYNOPSIS\n/etc/berth/config.toml, /etc/berth/config.d/*.toml\n\
+         .SH DESCRIPTION\n",
+    );
+    out.push_str(".nf\n");
+    for line in reference().lines() {
+        // Backslashes are roff escapes; a line starting with '.' or '\'' would be a request.
+        let line = line.replace('\\', "\\e");
+        if line.starts_with('.') || line.starts_with('\'') {
+            out.push_str("\\&");
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str(".fi\n.SH SEE ALSO\nberthd(8), berthctl(1)\n");
+    out
+}
+
 /// The keys of the table `schema` at `prefix`, then its sub-tables.
 fn table(schema: &Value, defs: &Map<String, Value>, prefix: &str, out: &mut String) {
     let Some(props) = schema.get("properties").and_then(Value::as_object) else {
