@@ -99,7 +99,7 @@ async fn churn_once(c: &CriClient, image: &str, logs: &Path, parent: &str, i: u3
             })
             .await;
     }
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let _ = c
             .runtime()
             .stop_pod_sandbox(cri::StopPodSandboxRequest {
