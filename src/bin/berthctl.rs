@@ -8,6 +8,8 @@ mod bench;
 mod bench_scale;
 #[path = "berthctl/config.rs"]
 mod config;
+#[path = "berthctl/exec.rs"]
+mod exec;
 #[path = "berthctl/logs.rs"]
 mod logs;
 #[path = "berthctl/pods.rs"]
@@ -187,6 +189,8 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Run a command in a running container (`-i` stdin, `-t` a terminal); exits with its code.
+    Exec(exec::ExecArgs),
     /// A container's log (its CRI log file), as `kubectl logs` shows it.
     Logs(logs::LogsArgs),
     /// List pod sandboxes.
@@ -552,6 +556,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { ids } => pods::inspect_containers(&client, &ids).await?,
         Command::Inspectp { ids } => pods::inspect_pods(&client, &ids).await?,
         Command::Logs(args) => logs::logs(&client, args).await?,
+        Command::Exec(args) => {
+            let code = exec::exec(&client, args).await?;
+            // Exits here: a read of stdin still blocked would otherwise hold the runtime open.
+            std::io::stdout().flush()?;
+            std::process::exit(code);
+        }
         Command::Node { .. } | Command::Man => {
             bail!("internal: answered before connecting to the runtime")
         }
