@@ -62,10 +62,10 @@ pub async fn exec(c: &CriClient, args: ExecArgs) -> anyhow::Result<i32> {
     } else {
         None
     };
-    if args.tty {
-        if let Some(size) = terminal_size() {
-            sink.send(resize_message(size)).await?;
-        }
+    if args.tty
+        && let Some(size) = terminal_size()
+    {
+        sink.send(resize_message(size)).await?;
     }
     let (to_sink, mut outgoing) = tokio::sync::mpsc::channel::<Message>(16);
     if args.interactive {
