@@ -16,6 +16,8 @@ mod logs;
 mod pods;
 #[path = "berthctl/soak.rs"]
 mod soak;
+#[path = "berthctl/stats.rs"]
+mod stats;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -189,6 +191,8 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// CPU, memory and disk use per container (`--watch` refreshes it).
+    Stats(stats::StatsArgs),
     /// Run a command in a running container (`-i` stdin, `-t` a terminal); exits with its code.
     Exec(exec::ExecArgs),
     /// A container's log (its CRI log file), as `kubectl logs` shows it.
@@ -556,6 +560,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { ids } => pods::inspect_containers(&client, &ids).await?,
         Command::Inspectp { ids } => pods::inspect_pods(&client, &ids).await?,
         Command::Logs(args) => logs::logs(&client, args).await?,
+        Command::Stats(args) => stats::stats(&client, args, json).await?,
         Command::Exec(args) => {
             let code = exec::exec(&client, args).await?;
             // Exits here: a read of stdin still blocked would otherwise hold the runtime open.

@@ -1,0 +1,80 @@
+//! `berthctl stats` against real containers: a busy one shows its CPU use, and the bytes one
+//! writes to its writable layer show as its disk use.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use k8s_cri::v1 as cri;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_cpu_memory_and_disk_per_container() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    pull(&c, &image("busybox")).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let cfg = pod_config("stats", &logs, cri::NamespaceMode::Container);
+    let pod = run_pod(&c, &cfg).await;
+    let busy = run_container(
+        &c,
+        &pod,
+        &cfg,
+        sh_container(
+            "busy",
+            &image("busybox"),
+            "while :; do :; done",
+            cri::NamespaceMode::Container,
+        ),
+    )
+    .await;
+    let writer = run_container(
+        &c,
+        &pod,
+        &cfg,
+        sh_container(
+            "writer",
+            &image("busybox"),
+            "dd if=/dev/zero of=/blob bs=1M count=8 2>/dev/null; exec sleep 1000",
+            cri::NamespaceMode::Container,
+        ),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("-r")
+        .arg(d.socket())
+        .args(["-o", "json", "stats", "--pod", &pod, "--seconds", "1"])
+        .output()
+        .expect("berthctl stats");
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {rows:?}"))
+            .clone()
+    };
+    let (b, w) = (row(&busy), row(&writer));
+    assert!(b["cpu_percent"].as_f64().unwrap_or(0.0) > 30.0, "{b}");
+    assert!(w["cpu_percent"].as_f64().unwrap_or(100.0) < 30.0, "{w}");
+    assert!(
+        b["memory_working_set_bytes"].as_u64().unwrap_or(0) > 0,
+        "{b}"
+    );
+    assert!(
+        w["writable_layer_bytes"].as_u64().unwrap_or(0) >= 8 << 20,
+        "{w}"
+    );
+    assert_eq!(rows.len(), 2, "only the pod's containers");
+    // The table names both.
+    let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("-r")
+        .arg(d.socket())
+        .args(["stats", "--seconds", "0.2"])
+        .output()
+        .expect("berthctl stats");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("busy") && text.contains("writer"), "{text}");
+    remove_pod(&c, &pod).await;
+}
