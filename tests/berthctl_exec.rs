@@ -1,6 +1,7 @@
-//! `berthctl exec` against a real container through berthd's streaming server: stdout and
-//! stderr apart, stdin with `-i`, a terminal with `-it` (berthctl itself on a pty made by
-//! `script`), and the command's exit code as berthctl's.
+//! `berthctl exec` and `attach` against real containers through berthd's streaming server:
+//! stdout and stderr apart, stdin with `-i`, a terminal with `-it` (berthctl itself on a pty made
+//! by `script`), and the command's exit code as berthctl's; `berthctl events` following the
+//! runtime's container events.
 
 mod common;
 
@@ -89,4 +90,81 @@ async fn exec_passes_output_stdin_a_terminal_and_the_exit_code() {
         "{out:?}"
     );
     remove_pod(&c, &pod).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_feeds_a_containers_stdin_and_events_follow_its_life() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    pull(&c, &image("busybox")).await.expect("pull");
+    let mut events = berthctl(&d)
+        .args(["-o", "json", "events"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("berthctl events");
+    let logs = d.dir.path().join("logs");
+    let cfg = pod_config("attach", &logs, cri::NamespaceMode::Container);
+    let pod = run_pod(&c, &cfg).await;
+    let mut config = sh_container(
+        "upper",
+        &image("busybox"),
+        "tr a-z A-Z",
+        cri::NamespaceMode::Container,
+    );
+    config.stdin = true;
+    config.stdin_once = true;
+    let ct = run_container(&c, &pod, &cfg, config).await;
+    let mut child = berthctl(&d)
+        .args(["attach", "-i", &ct])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("berthctl attach");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"attached\n")
+        .expect("write stdin");
+    // stdin ends (stdin_once): the container's input closes, tr ends, and so does the session.
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ATTACHED\n");
+    let status = wait_exited(&c, &ct).await;
+    assert_eq!(status.exit_code, 0);
+    remove_pod(&c, &pod).await;
+
+    // The container's life as events, in order.
+    let stdout = events.stdout.take().expect("events stdout");
+    let kinds = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead as _;
+        let mut kinds = Vec::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(&line.expect("line")).expect("json");
+            if v["container_id"] == ct.as_str() {
+                let kind = v["type"].as_str().unwrap_or_default().to_string();
+                let done = kind == "CONTAINER_DELETED_EVENT";
+                kinds.push(kind);
+                if done {
+                    break;
+                }
+            }
+        }
+        kinds
+    });
+    let kinds = tokio::time::timeout(std::time::Duration::from_secs(30), kinds)
+        .await
+        .expect("events in time")
+        .expect("reader");
+    let _ = events.kill();
+    let _ = events.wait();
+    assert_eq!(
+        kinds,
+        [
+            "CONTAINER_CREATED_EVENT",
+            "CONTAINER_STARTED_EVENT",
+            "CONTAINER_STOPPED_EVENT",
+            "CONTAINER_DELETED_EVENT"
+        ]
+    );
 }

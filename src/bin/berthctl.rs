@@ -8,6 +8,8 @@ mod bench;
 mod bench_scale;
 #[path = "berthctl/config.rs"]
 mod config;
+#[path = "berthctl/events.rs"]
+mod events;
 #[path = "berthctl/exec.rs"]
 mod exec;
 #[path = "berthctl/logs.rs"]
@@ -191,6 +193,10 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Attach to a running container's streams (`-i` stdin, `-t` its terminal).
+    Attach(exec::AttachArgs),
+    /// Follow the runtime's container events (created, started, stopped, deleted) as lines.
+    Events,
     /// CPU, memory and disk use per container (`--watch` refreshes it).
     Stats(stats::StatsArgs),
     /// Run a command in a running container (`-i` stdin, `-t` a terminal); exits with its code.
@@ -561,6 +567,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspectp { ids } => pods::inspect_pods(&client, &ids).await?,
         Command::Logs(args) => logs::logs(&client, args).await?,
         Command::Stats(args) => stats::stats(&client, args, json).await?,
+        Command::Events => events::follow(&client, json).await?,
+        Command::Attach(args) => {
+            let code = exec::attach(&client, args).await?;
+            std::io::stdout().flush()?;
+            std::process::exit(code);
+        }
         Command::Exec(args) => {
             let code = exec::exec(&client, args).await?;
             // Exits here: a read of stdin still blocked would otherwise hold the runtime open.

@@ -1,7 +1,7 @@
-//! `berthctl exec`: a command in a running container through CRI Exec and the runtime's
-//! streaming server, spoken over WebSocket with the Kubernetes channel protocol (v5, else v4):
-//! stdin (`-i`), a terminal (`-t`, raw mode, its size sent at start and on SIGWINCH), and the
-//! command's exit code as berthctl's own.
+//! `berthctl exec` and `berthctl attach`: a command in a running container (CRI Exec), or the
+//! container's own streams (CRI Attach), through the runtime's streaming server, spoken over
+//! WebSocket with the Kubernetes channel protocol (v5, else v4): stdin (`-i`), a terminal (`-t`,
+//! raw mode, its size sent at start and on SIGWINCH), and the exit code as berthctl's own.
 
 use anyhow::{Context, bail};
 use base64::Engine as _;
@@ -37,6 +37,19 @@ const ERROR: u8 = 3;
 const RESIZE: u8 = 4;
 const CLOSE: u8 = 255;
 
+/// Which streams to attach to.
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    /// Pass berthctl's stdin to the container (it must have been created with stdin open).
+    #[arg(long, short)]
+    pub interactive: bool,
+    /// The container has a terminal (as it was created).
+    #[arg(long, short)]
+    pub tty: bool,
+    /// Container id.
+    pub container: String,
+}
+
 /// Runs the command; returns its exit code.
 pub async fn exec(c: &CriClient, args: ExecArgs) -> anyhow::Result<i32> {
     let url = c
@@ -54,21 +67,44 @@ pub async fn exec(c: &CriClient, args: ExecArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("Exec in {}", args.container))?
         .into_inner()
         .url;
-    let (ws, protocol) = connect(&url).await?;
+    session(&url, args.interactive, args.tty).await
+}
+
+/// Attaches to the container's streams until they end; returns 0, or the error channel's code.
+pub async fn attach(c: &CriClient, args: AttachArgs) -> anyhow::Result<i32> {
+    let url = c
+        .runtime()
+        .attach(cri::AttachRequest {
+            container_id: args.container.clone(),
+            stdin: args.interactive,
+            tty: args.tty,
+            stdout: true,
+            stderr: !args.tty,
+        })
+        .await
+        .map_err(crate::status_message)
+        .with_context(|| format!("Attach to {}", args.container))?
+        .into_inner()
+        .url;
+    session(&url, args.interactive, args.tty).await
+}
+
+/// One streaming session at `url`: stdin (when `interactive`), stdout and stderr, the terminal
+/// (when `tty`); returns the exit code the error channel gives.
+async fn session(url: &str, interactive: bool, tty: bool) -> anyhow::Result<i32> {
+    let (ws, protocol) = connect(url).await?;
     let (mut sink, mut stream) = ws.split();
     let v5 = protocol == "v5.channel.k8s.io";
-    let _raw = if args.tty && args.interactive {
+    let _raw = if tty && interactive {
         RawTerminal::enter()
     } else {
         None
     };
-    if args.tty
-        && let Some(size) = terminal_size()
-    {
+    if tty && let Some(size) = terminal_size() {
         sink.send(resize_message(size)).await?;
     }
     let (to_sink, mut outgoing) = tokio::sync::mpsc::channel::<Message>(16);
-    if args.interactive {
+    if interactive {
         let to_sink = to_sink.clone();
         tokio::spawn(async move {
             let mut stdin = tokio::io::stdin();
@@ -92,7 +128,7 @@ pub async fn exec(c: &CriClient, args: ExecArgs) -> anyhow::Result<i32> {
             }
         });
     }
-    if args.tty {
+    if tty {
         let to_sink = to_sink.clone();
         tokio::spawn(async move {
             let Ok(mut winch) =
