@@ -168,3 +168,76 @@ async fn attach_feeds_a_containers_stdin_and_events_follow_its_life() {
         ]
     );
 }
+
+/// One HTTP GET of `path` over `port` on loopback; the whole response.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::Read as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: pod\r\n\r\n").expect("request");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_reaches_a_server_in_the_pods_network() {
+    use std::io::BufRead as _;
+    let d = Daemon::start();
+    let c = d.client().await;
+    pull(&c, &image("busybox")).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let cfg = pod_config("forward", &logs, cri::NamespaceMode::Container);
+    let pod = run_pod(&c, &cfg).await;
+    run_container(
+        &c,
+        &pod,
+        &cfg,
+        sh_container(
+            "web",
+            &image("busybox"),
+            "echo forwarded > /tmp/page; exec httpd -f -p 8080 -h /tmp",
+            cri::NamespaceMode::Container,
+        ),
+    )
+    .await;
+    let mut pf = berthctl(&d)
+        .args(["port-forward", &pod, ":8080", ":9999"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("berthctl port-forward");
+    let mut lines = std::io::BufReader::new(pf.stdout.take().expect("stdout")).lines();
+    let mut local = |remote: &str| -> u16 {
+        let line = lines.next().expect("a line").expect("read");
+        assert!(line.ends_with(&format!("-> {remote}")), "{line}");
+        line.split(' ')
+            .nth(2)
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("a local port in {line:?}"))
+    };
+    let (web, nothing) = (local("8080"), local("9999"));
+    // Two connections, each its own session; httpd may still be starting for the first.
+    let mut first = String::new();
+    for _ in 0..50 {
+        first = http_get(web, "/page");
+        if first.contains("forwarded") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        first.starts_with("HTTP/1.") && first.contains("forwarded"),
+        "{first:?}"
+    );
+    assert!(http_get(web, "/page").contains("forwarded"));
+    // Nothing listens on 9999 in the pod: the connection ends, and berthctl says why.
+    assert_eq!(http_get(nothing, "/"), "");
+    let _ = pf.kill();
+    let out = pf.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("9999"), "{err}");
+    remove_pod(&c, &pod).await;
+}

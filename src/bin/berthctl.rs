@@ -16,6 +16,8 @@ mod exec;
 mod logs;
 #[path = "berthctl/pods.rs"]
 mod pods;
+#[path = "berthctl/port_forward.rs"]
+mod port_forward;
 #[path = "berthctl/soak.rs"]
 mod soak;
 #[path = "berthctl/stats.rs"]
@@ -195,6 +197,8 @@ enum Command {
     },
     /// Attach to a running container's streams (`-i` stdin, `-t` its terminal).
     Attach(exec::AttachArgs),
+    /// Forward local ports to a pod's ports (`LOCAL:REMOTE`), until interrupted.
+    PortForward(port_forward::PortForwardArgs),
     /// Follow the runtime's container events (created, started, stopped, deleted) as lines.
     Events,
     /// CPU, memory and disk use per container (`--watch` refreshes it).
@@ -568,6 +572,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logs(args) => logs::logs(&client, args).await?,
         Command::Stats(args) => stats::stats(&client, args, json).await?,
         Command::Events => events::follow(&client, json).await?,
+        Command::PortForward(args) => port_forward::forward(&client, args).await?,
         Command::Attach(args) => {
             let code = exec::attach(&client, args).await?;
             std::io::stdout().flush()?;

@@ -92,7 +92,7 @@ pub async fn attach(c: &CriClient, args: AttachArgs) -> anyhow::Result<i32> {
 /// One streaming session at `url`: stdin (when `interactive`), stdout and stderr, the terminal
 /// (when `tty`); returns the exit code the error channel gives.
 async fn session(url: &str, interactive: bool, tty: bool) -> anyhow::Result<i32> {
-    let (ws, protocol) = connect(url).await?;
+    let (ws, protocol) = connect(url, "v5.channel.k8s.io, v4.channel.k8s.io").await?;
     let (mut sink, mut stream) = ws.split();
     let v5 = protocol == "v5.channel.k8s.io";
     let _raw = if tty && interactive {
@@ -204,9 +204,12 @@ fn exit_code(body: &[u8]) -> anyhow::Result<i32> {
     )
 }
 
-/// The WebSocket to a streaming URL (`http://host:port/path`), with the channel protocol the
-/// server chose.
-async fn connect(url: &str) -> anyhow::Result<(WebSocketStream<tokio::net::TcpStream>, String)> {
+/// The WebSocket to a streaming URL (`http://host:port/path`) offering `protocols`, with the
+/// channel protocol the server chose.
+pub async fn connect(
+    url: &str,
+    protocols: &str,
+) -> anyhow::Result<(WebSocketStream<tokio::net::TcpStream>, String)> {
     let Some(rest) = url.strip_prefix("http://") else {
         bail!("streaming URL {url:?}: berthctl speaks plain HTTP to the streaming server");
     };
@@ -220,7 +223,7 @@ async fn connect(url: &str) -> anyhow::Result<(WebSocketStream<tokio::net::TcpSt
     let request = format!(
         "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\
-         Sec-WebSocket-Protocol: v5.channel.k8s.io, v4.channel.k8s.io\r\n\r\n"
+         Sec-WebSocket-Protocol: {protocols}\r\n\r\n"
     );
     tcp.write_all(request.as_bytes()).await?;
     // The response head, read byte by byte so that nothing of the WebSocket stream is taken.
