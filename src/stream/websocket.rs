@@ -131,8 +131,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Writer<T> {
         Ok(self.sink.send(m).await?)
     }
 
-    /// Sends a normal close and shuts the connection down.
+    /// Sends a normal close (status 1000: Kubernetes' clients take a close without a status
+    /// for an error) and shuts the connection down.
     pub async fn close(&mut self) {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        let normal = WsMessage::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        }));
+        let _ = self.sink.send(normal).await;
         let _ = self.sink.close().await;
     }
 }

@@ -236,6 +236,8 @@ impl Spdy {
 pub struct Ws {
     ws: WebSocketStream<TcpStream>,
     pub protocol: String,
+    /// The status code of the server's close frame, once it came (None: no status given).
+    pub close_code: Option<u16>,
 }
 
 impl Ws {
@@ -260,6 +262,7 @@ impl Ws {
         );
         Ws {
             ws: WebSocketStream::from_raw_socket(s, Role::Client, None).await,
+            close_code: None,
             protocol: h.get("sec-websocket-protocol").cloned().unwrap_or_default(),
         }
     }
@@ -286,7 +289,10 @@ impl Ws {
                     let d = ws::base64_decode(&t[1..]).expect("base64");
                     out.entry(t[0] - b'0').or_default().extend_from_slice(&d);
                 }
-                Ok(Some(Ok(Message::Close(_)))) => return out,
+                Ok(Some(Ok(Message::Close(frame)))) => {
+                    self.close_code = frame.map(|f| u16::from(f.code));
+                    return out;
+                }
                 Ok(Some(Ok(_))) => {}
                 _ => return out,
             }
