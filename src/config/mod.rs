@@ -337,9 +337,13 @@ impl Config {
 /// field has a default, so a drop-in setting one key is a whole config) so that an unknown key
 /// or a wrong type is reported in the file that holds it.
 fn checked_table(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
-    Config::parse(text).map_err(|error| parse_error(path, error))?;
-    text.parse::<toml::Table>()
-        .map_err(|error| parse_error(path, error))
+    let table = text
+        .parse::<toml::Table>()
+        .map_err(|error| parse_error(path, error))?;
+    toml::Value::Table(table.clone())
+        .try_into::<Config>()
+        .map_err(|error| parse_error(path, error))?;
+    Ok(table)
 }
 
 fn parse_error(path: &Path, error: toml::de::Error) -> ConfigError {
