@@ -158,8 +158,18 @@ async fn kubectl_logs_exec_attach_and_port_forward_reach_the_pods_through_the_no
         n.wait_pod("Running", pod, "{.status.phase}", "Running");
     }
 
-    // Logs: stdout and stderr in order, tail, limit, timestamps, since.
-    let all = n.cp.kubectl_ok(&["-n", &n.ns, "logs", "talker"]);
+    // Logs: stdout and stderr in order, tail, limit, timestamps, since. The stderr line may
+    // reach the log after the first ticks (two pipes), so the checks of the log's end wait
+    // until three ticks stand after it.
+    let mut all = String::new();
+    for _ in 0..100 {
+        all = n.cp.kubectl_ok(&["-n", &n.ns, "logs", "talker"]);
+        let after_two = all.lines().skip_while(|l| *l != "two").skip(1);
+        if after_two.filter(|l| l.starts_with("tick ")).count() >= 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // stdout in order, stderr among it (two streams: their order between them is the shim's).
     let stdout: Vec<&str> = all.lines().filter(|l| *l != "two").take(3).collect();
     assert_eq!(stdout, ["one", "three", "tick 0"], "{all}");
