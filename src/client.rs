@@ -8,6 +8,8 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::archive_api::archives_client::ArchivesClient;
+
 /// A connected CRI channel.
 #[derive(Clone)]
 pub struct CriClient {
@@ -49,6 +51,11 @@ impl CriClient {
     /// The ImageService client.
     pub fn images(&self) -> ImageServiceClient<Channel> {
         ImageServiceClient::new(self.channel.clone()).max_decoding_message_size(16 << 20)
+    }
+
+    /// Berth's image archive service.
+    pub fn archives(&self) -> ArchivesClient<Channel> {
+        ArchivesClient::new(self.channel.clone()).max_decoding_message_size(16 << 20)
     }
 
     /// The underlying channel (e.g. for v1alpha2 clients).

@@ -46,6 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let images = ImageManager::open(&config, store.clone()).context("opening image store")?;
     crate::runtime::dir_modes::secure_layout(&config.root, &config.state_dir)
         .context("setting the modes of Berth's directories")?;
+    crate::image::import_dir::spawn(images.clone(), config.import_dir(), config.import_state());
     // Pods with their own user namespace need idmapped mounts of both directories.
     let (root, state) = (config.root.clone(), config.state_dir.clone());
     tokio::task::spawn_blocking(move || {

@@ -1,6 +1,7 @@
 //! Berth: a container runtime for Kubernetes nodes (CRI server, image service, node agent).
 
 pub mod agent;
+pub mod archive_api;
 pub mod client;
 pub mod config;
 pub mod cri;

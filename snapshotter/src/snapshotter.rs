@@ -722,6 +722,29 @@ impl Snapshotter {
         Ok(out)
     }
 
+    /// The directory of a snapshot's own files, of any kind (a Committed one's must not be
+    /// written): to read a layer back.
+    pub fn files_dir(&self, key: &str) -> Result<PathBuf> {
+        Ok(self.fs_dir(self.stat(key)?.id))
+    }
+
+    /// A path beside the snapshot's files for a caller's own record about it, removed with the
+    /// snapshot. `name` is a plain file name that is not one of the snapshotter's own.
+    pub fn sidecar(&self, key: &str, name: &str) -> Result<PathBuf> {
+        if name.is_empty()
+            || name.contains('/')
+            || name == FS_DIR
+            || name == WORK_DIR
+            || name.starts_with('.')
+        {
+            return Err(Error::InvalidState(
+                key.to_string(),
+                format!("{name:?} cannot name a file beside a snapshot"),
+            ));
+        }
+        Ok(self.dir(self.stat(key)?.id).join(name))
+    }
+
     /// The filesystem directory of an Active snapshot (its overlay upper dir), so that a layer
     /// can be unpacked straight into it.
     pub fn upper_dir(&self, key: &str) -> Result<PathBuf> {

@@ -12,6 +12,8 @@ mod config;
 mod events;
 #[path = "berthctl/exec.rs"]
 mod exec;
+#[path = "berthctl/image.rs"]
+mod image;
 #[path = "berthctl/logs.rs"]
 mod logs;
 #[path = "berthctl/pods.rs"]
@@ -29,7 +31,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use berth::client::{CriClient, socket_path};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use k8s_cri::v1 as cri;
 
 #[derive(Parser)]
@@ -48,9 +50,10 @@ struct Cli {
         default_value = "unix:///run/berth/berth.sock"
     )]
     endpoint: String,
-    /// Output format.
-    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
-    output: Output,
+    /// Output format: table (the default) or json; for `image export`, the archive's file
+    /// (`-` for stdout).
+    #[arg(long, short = 'o', global = true, value_name = "FORMAT|FILE")]
+    output: Option<String>,
     /// The node agent's endpoint (for `pods --agent` and `node`).
     #[arg(
         long,
@@ -79,12 +82,6 @@ enum NodeAction {
     /// Shut the node's pods down as for a node shutdown (regular pods first, critical pods
     /// last, within agent.shutdown_grace_period_secs), then print what happened.
     Shutdown,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Output {
-    Table,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -128,6 +125,11 @@ enum Command {
     },
     /// Image filesystem usage.
     Imagefsinfo,
+    /// Image archives: `import FILE|-`, `export IMAGE... -o FILE|-`.
+    Image {
+        #[command(subcommand)]
+        action: image::ImageAction,
+    },
     /// Run a pod sandbox from a pod config (JSON, crictl's format); prints its id.
     Runp {
         /// Pod config file.
@@ -292,7 +294,17 @@ fn status_message(e: tonic::Status) -> anyhow::Error {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let json = cli.output == Output::Json;
+    let json = match (&cli.command, cli.output.as_deref()) {
+        (
+            Command::Image {
+                action: image::ImageAction::Export { .. },
+            },
+            _,
+        ) => false,
+        (_, None | Some("table")) => false,
+        (_, Some("json")) => true,
+        (_, Some(other)) => bail!("unknown output format {other:?}: table or json"),
+    };
     // The agent's commands speak to its HTTP endpoint, not to CRI.
     match &cli.command {
         Command::Pods {
@@ -584,6 +596,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::io::stdout().flush()?;
             std::process::exit(code);
         }
+        Command::Image {
+            action: image::ImageAction::Import { file },
+        } => image::import(&client, &file, json).await?,
+        Command::Image {
+            action: image::ImageAction::Export { images },
+        } => image::export(&client, images, cli.output.as_deref()).await?,
         Command::Node { .. } | Command::Man => {
             bail!("internal: answered before connecting to the runtime")
         }

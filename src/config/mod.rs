@@ -26,6 +26,8 @@ pub struct Config {
     pub log_level: String,
     /// Registry settings.
     pub registry: RegistryConfig,
+    /// Images from archives.
+    pub images: ImagesConfig,
     /// Pod networking (CNI).
     pub cni: CniConfig,
     /// The streaming server (exec, attach, port-forward).
@@ -34,6 +36,15 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The embedded node agent (static pods, probes, node status).
     pub agent: crate::agent::config::AgentConfig,
+}
+
+/// Images from archives, for nodes without a registry.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// Directory whose image archives (OCI layout or docker save tars, plain, gzip or zstd)
+    /// are imported at start and when added, each once; empty: `<root>/import`.
+    pub import_dir: PathBuf,
 }
 
 /// berthd's Prometheus endpoint (off unless an address is given).
@@ -151,6 +162,7 @@ impl Default for Config {
             socket_group: String::new(),
             log_level: "info".to_string(),
             registry: RegistryConfig::default(),
+            images: ImagesConfig::default(),
             cni: CniConfig::default(),
             stream: StreamConfig::default(),
             metrics: MetricsConfig::default(),
@@ -310,6 +322,20 @@ impl Config {
              # agent.kubeconfig = \"/etc/berth/kubeconfig\" (join that API server as a node);\n\
              # agent.node_name = \"NAME\" and agent.node_ip = \"IP\" (default: the host name, the default route's address).\n\n{body}"
         )
+    }
+
+    /// The image import directory (`images.import_dir`, or `<root>/import`).
+    pub fn import_dir(&self) -> PathBuf {
+        if self.images.import_dir.as_os_str().is_empty() {
+            self.root.join("import")
+        } else {
+            self.images.import_dir.clone()
+        }
+    }
+
+    /// What the import directory's watcher remembers.
+    pub fn import_state(&self) -> PathBuf {
+        self.root.join("import-state.json")
     }
 
     /// Directory of the metadata database and content store.

@@ -17,6 +17,11 @@ impl ImageApi {
     pub fn new(images: ImageManager) -> Self {
         Self { images }
     }
+
+    /// The image manager it serves.
+    pub fn manager(&self) -> ImageManager {
+        self.images.clone()
+    }
 }
 
 /// Credentials from a CRI AuthConfig.

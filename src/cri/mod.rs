@@ -1,5 +1,6 @@
 //! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
 
+mod archive_service;
 mod authority;
 mod checkpoint;
 mod container_service;
@@ -16,6 +17,7 @@ pub(crate) mod stats_service;
 mod stream_service;
 mod v1alpha2;
 
+pub use archive_service::ArchiveApi;
 pub use encoded_lists::EncodedItems;
 pub use image_service::ImageApi;
 pub use runtime_service::RuntimeApi;

@@ -23,7 +23,8 @@ use tower::{Service, ServiceExt};
 use super::authority::AuthorityFilter;
 use super::encoded_lists;
 use super::v1alpha2::{ImageV1Alpha2, RuntimeV1Alpha2};
-use super::{ImageApi, RuntimeApi};
+use super::{ArchiveApi, ImageApi, RuntimeApi};
+use crate::archive_api::archives_server::ArchivesServer;
 
 /// Largest CRI message accepted or sent (containerd uses 16 MiB too).
 pub(super) const MAX_MESSAGE: usize = 16 * 1024 * 1024;
@@ -140,7 +141,7 @@ async fn with_deadline(
     answer
 }
 
-/// The CRI services (v1 and v1alpha2) as one router.
+/// The CRI services (v1 and v1alpha2) and Berth's archive service as one router.
 fn routes(runtime: RuntimeApi, images: ImageApi) -> Routes {
     Routes::new(
         RuntimeServiceServer::new(runtime.clone())
@@ -154,6 +155,11 @@ fn routes(runtime: RuntimeApi, images: ImageApi) -> Routes {
     )
     .add_service(
         a2::runtime_service_server::RuntimeServiceServer::new(RuntimeV1Alpha2(runtime))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(
+        ArchivesServer::new(ArchiveApi::new(images.manager()))
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),
     )

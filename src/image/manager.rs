@@ -39,13 +39,13 @@ pub(super) struct Inner {
     pub(super) gc_lock: RwLock<()>,
     inflight: Mutex<HashMap<String, (SharedPull, Arc<PullProgress>)>>,
     /// The last walk of the snapshot and content directories (cleared by pulls and removals).
-    fs_usage: DiskCache<()>,
+    pub(super) fs_usage: DiskCache<()>,
 }
 
 /// Pulls images and answers questions about them.
 #[derive(Clone)]
 pub struct ImageManager {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 /// An image as the CRI sees it.
@@ -382,7 +382,7 @@ impl ImageManager {
     }
 
     /// Removes snapshots and blobs no image references. Caller holds `gc_lock` (or is alone).
-    fn collect_garbage_locked(&self) -> Result<(), ImageError> {
+    pub(super) fn collect_garbage_locked(&self) -> Result<(), ImageError> {
         let images = self
             .inner
             .store
@@ -456,7 +456,7 @@ impl ImageManager {
 }
 
 /// Rebuilds an error for each caller of a shared pull.
-fn clone_error(e: &ImageError) -> ImageError {
+pub(super) fn clone_error(e: &ImageError) -> ImageError {
     match e {
         ImageError::InvalidReference(r) => ImageError::InvalidArgument(r.to_string()),
         ImageError::InvalidArgument(m) => ImageError::InvalidArgument(m.clone()),

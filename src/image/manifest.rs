@@ -30,7 +30,7 @@ pub struct Descriptor {
     pub media_type: String,
     pub digest: String,
     pub size: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<Platform>,
 }
 

@@ -1,7 +1,9 @@
 //! The image core: references, registries, the content store, pulling and unpacking, image records.
 
+pub mod archive;
 pub mod content;
 pub mod hosts;
+pub mod import_dir;
 mod manager;
 pub mod manifest;
 pub mod node_auth;
@@ -11,6 +13,7 @@ pub mod registry;
 pub mod unpack;
 
 pub use manager::{ImageFsUsage, ImageManager, ImageView, LayerProgress, PullProgress};
+pub use pull::ChannelReader;
 pub use registry::Credentials;
 
 /// Why an image operation failed; each maps to one gRPC status code in `cri/`.

@@ -27,6 +27,8 @@ use crate::store::ImageRecord;
 
 /// Prefix of the snapshot keys a pull unpacks into; such snapshots are leftovers after a crash.
 pub const EXTRACT_PREFIX: &str = "extract-";
+/// The file beside each layer snapshot that holds its tape (see [`unpack::tape`]).
+pub const TAPE_FILE: &str = "layer.tape";
 
 /// One layer to fetch and unpack.
 struct LayerJob<'a> {
@@ -429,33 +431,15 @@ impl Inner {
             }
         }
 
-        let (uid, username) = config
-            .config
-            .and_then(|c| c.user)
-            .map(|u| manifest::image_user(&u))
-            .unwrap_or((None, String::new()));
-        let size = resolved.config.size.max(0) as u64
-            + resolved
-                .layers
-                .iter()
-                .map(|l| l.size.max(0) as u64)
-                .sum::<u64>();
-        let now = crate::util::unix_now();
-        let record = ImageRecord {
-            id: resolved.config.digest.clone(),
-            repo_tags: Vec::new(),
-            repo_digests: Vec::new(),
-            size,
-            manifest_digest: resolved.manifest_digest.clone(),
-            manifest_media_type: resolved.manifest_media_type.clone(),
-            chain_ids: chain,
+        let record = image_record(
+            config.config.and_then(|c| c.user),
+            &resolved.config,
+            &resolved.layers,
+            resolved.manifest_digest.clone(),
+            resolved.manifest_media_type.clone(),
+            chain,
             diff_ids,
-            created_unix: now,
-            last_used_unix: now,
-            pinned: false,
-            uid,
-            username,
-        };
+        );
         let tags: Vec<String> = image.tagged().into_iter().collect();
         let digests = vec![image.with_digest(&resolved.top_digest)];
         self.store
@@ -486,13 +470,7 @@ impl Inner {
             .clients
             .client_for(endpoint, creds, image)
             .map_err(ImageError::InvalidArgument)?;
-        self.snapshots
-            .prepare(key, None, Default::default())
-            .map_err(|e| ImageError::internal("preparing layer snapshot", e))?;
-        let dest = self
-            .snapshots
-            .upper_dir(key)
-            .map_err(|e| ImageError::internal("layer snapshot", e))?;
+        let (dest, tape) = self.prepare_extraction(key)?;
         let mut stream = client
             .pull_blob_stream(&reference, &oci_descriptor(desc))
             .await
@@ -501,7 +479,13 @@ impl Inner {
         let (tx, rx) = mpsc::channel::<Bytes>(32);
         let image_name = image.to_string();
         let unpacker = tokio::task::spawn_blocking(move || {
-            unpack_stream(ChannelReader::new(rx), compression, &dest, &image_name)
+            unpack_stream(
+                ChannelReader::new(rx),
+                compression,
+                &dest,
+                &tape,
+                &image_name,
+            )
         });
 
         let mut hasher = Sha256::new();
@@ -583,10 +567,30 @@ impl Inner {
         Ok(())
     }
 
+    /// Prepares the extraction snapshot `key`: the directory a layer unpacks into and the
+    /// path of its tape.
+    pub(super) fn prepare_extraction(
+        &self,
+        key: &str,
+    ) -> Result<(std::path::PathBuf, std::path::PathBuf), ImageError> {
+        self.snapshots
+            .prepare(key, None, Default::default())
+            .map_err(|e| ImageError::internal("preparing layer snapshot", e))?;
+        let dest = self
+            .snapshots
+            .upper_dir(key)
+            .map_err(|e| ImageError::internal("layer snapshot", e))?;
+        let tape = self
+            .snapshots
+            .sidecar(key, TAPE_FILE)
+            .map_err(|e| ImageError::internal("layer snapshot", e))?;
+        Ok((dest, tape))
+    }
+
     /// Removes a snapshot a failed pull prepared, logging (not failing) on error. On a full
     /// disk the metadata commit itself may find no room: the snapshot's files (discarded
     /// anyway) are deleted first to make some, and the removal is tried once more.
-    fn discard_snapshot(&self, key: &str) {
+    pub(super) fn discard_snapshot(&self, key: &str) {
         let failed = match self.snapshots.remove(key) {
             Ok(()) | Err(berth_snapshotter::Error::NotFound(_)) => return,
             Err(e) => e,
@@ -612,6 +616,38 @@ impl Inner {
     }
 }
 
+/// The record of an image whose layers are all committed.
+pub(super) fn image_record(
+    user: Option<String>,
+    config: &Descriptor,
+    layers: &[Descriptor],
+    manifest_digest: String,
+    manifest_media_type: String,
+    chain_ids: Vec<String>,
+    diff_ids: Vec<String>,
+) -> ImageRecord {
+    let (uid, username) = user
+        .map(|u| manifest::image_user(&u))
+        .unwrap_or((None, String::new()));
+    let size = config.size.max(0) as u64 + layers.iter().map(|l| l.size.max(0) as u64).sum::<u64>();
+    let now = crate::util::unix_now();
+    ImageRecord {
+        id: config.digest.clone(),
+        repo_tags: Vec::new(),
+        repo_digests: Vec::new(),
+        size,
+        manifest_digest,
+        manifest_media_type,
+        chain_ids,
+        diff_ids,
+        created_unix: now,
+        last_used_unix: now,
+        pinned: false,
+        uid,
+        username,
+    }
+}
+
 fn oci_descriptor(d: &Descriptor) -> oci_client::manifest::OciDescriptor {
     oci_client::manifest::OciDescriptor {
         media_type: d.media_type.clone(),
@@ -621,40 +657,43 @@ fn oci_descriptor(d: &Descriptor) -> oci_client::manifest::OciDescriptor {
     }
 }
 
-/// Decompresses and unpacks, returning the diff id (sha256 of the uncompressed tar).
-fn unpack_stream(
-    reader: ChannelReader,
+/// Decompresses and unpacks, with the layer's tape, returning the diff id (sha256 of the
+/// uncompressed tar).
+pub(super) fn unpack_stream(
+    reader: impl Read,
     compression: Compression,
     dest: &std::path::Path,
+    tape: &std::path::Path,
     image: &str,
 ) -> Result<String, ImageError> {
     let buffered = std::io::BufReader::with_capacity(256 * 1024, reader);
-    let (_stats, diff_id) = unpack::unpack_layer_with_diff_id(buffered, compression, dest)
-        .inspect(|_| {
-            crate::metrics::prometheus::runtime().layers_unpacked.inc();
-        })
-        .map_err(|e| match e {
-            unpack::UnpackError::Escape { .. } => ImageError::Hostile {
-                image: image.to_string(),
-                reason: e.to_string(),
-            },
-            unpack::UnpackError::Invalid { .. } | unpack::UnpackError::Corrupt { .. } => {
-                ImageError::Corrupt(format!("image {image}: unpacking layer: {e}"))
-            }
-            // Disk trouble (full, read-only, I/O error) is Berth's side, not the image's.
-            e => ImageError::Internal(format!("image {image}: unpacking layer: {e}")),
-        })?;
+    let (_stats, diff_id) =
+        unpack::unpack_layer_with_diff_id(buffered, compression, dest, Some(tape))
+            .inspect(|_| {
+                crate::metrics::prometheus::runtime().layers_unpacked.inc();
+            })
+            .map_err(|e| match e {
+                unpack::UnpackError::Escape { .. } => ImageError::Hostile {
+                    image: image.to_string(),
+                    reason: e.to_string(),
+                },
+                unpack::UnpackError::Invalid { .. } | unpack::UnpackError::Corrupt { .. } => {
+                    ImageError::Corrupt(format!("image {image}: unpacking layer: {e}"))
+                }
+                // Disk trouble (full, read-only, I/O error) is Berth's side, not the image's.
+                e => ImageError::Internal(format!("image {image}: unpacking layer: {e}")),
+            })?;
     Ok(diff_id)
 }
 
-/// A blocking reader over chunks sent from the async download.
-struct ChannelReader {
+/// A blocking reader over chunks sent from an async task.
+pub struct ChannelReader {
     rx: mpsc::Receiver<Bytes>,
     current: Bytes,
 }
 
 impl ChannelReader {
-    fn new(rx: mpsc::Receiver<Bytes>) -> Self {
+    pub fn new(rx: mpsc::Receiver<Bytes>) -> Self {
         Self {
             rx,
             current: Bytes::new(),

@@ -1,5 +1,6 @@
 //! OCI layer unpacker: streams a plain, gzip or zstd layer tarball into its own overlayfs layer directory.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::ffi::OsString;
@@ -186,18 +187,21 @@ pub fn unpack_layer<R: Read>(
     compression: Compression,
     dest: &Path,
 ) -> Result<UnpackStats, UnpackError> {
-    unpack(reader, compression, dest, None)
+    unpack(reader, compression, dest, None, None)
 }
 
 /// Like [`unpack_layer`], and also returns the layer's diff ID (`sha256:<hex>` of the
-/// uncompressed tar stream) for comparison with the image config's `rootfs.diff_ids`.
+/// uncompressed tar stream) for comparison with the image config's `rootfs.diff_ids`. With
+/// `tape`, writes there the layer's tape (see [`tape`]), from which [`TapeReader`] rebuilds the
+/// exact stream out of `dest`.
 pub fn unpack_layer_with_diff_id<R: Read>(
     reader: R,
     compression: Compression,
     dest: &Path,
+    tape: Option<&Path>,
 ) -> Result<(UnpackStats, String), UnpackError> {
     let mut hasher = Sha256::new();
-    let stats = unpack(reader, compression, dest, Some(&mut hasher))?;
+    let stats = unpack(reader, compression, dest, Some(&mut hasher), tape)?;
     Ok((stats, format!("sha256:{}", hex::encode(hasher.finalize()))))
 }
 
@@ -206,6 +210,7 @@ fn unpack<R: Read>(
     compression: Compression,
     dest: &Path,
     hasher: Option<&mut Sha256>,
+    tape: Option<&Path>,
 ) -> Result<UnpackStats, UnpackError> {
     let source_failed = AtomicBool::new(false);
     let source = BufReader::with_capacity(
@@ -216,11 +221,12 @@ fn unpack<R: Read>(
         },
     );
     match compression {
-        Compression::None => pipeline(source, dest, hasher, &source_failed),
+        Compression::None => pipeline(source, dest, hasher, tape, &source_failed),
         Compression::Gzip => pipeline(
             flate2::bufread::MultiGzDecoder::new(source),
             dest,
             hasher,
+            tape,
             &source_failed,
         ),
         Compression::Zstd => {
@@ -230,7 +236,7 @@ fn unpack<R: Read>(
                     source,
                 }
             })?;
-            pipeline(decoder, dest, hasher, &source_failed)
+            pipeline(decoder, dest, hasher, tape, &source_failed)
         }
     }
 }
@@ -242,6 +248,7 @@ fn pipeline<S: Read>(
     mut decoded: S,
     dest: &Path,
     hasher: Option<&mut Sha256>,
+    tape: Option<&Path>,
     source_failed: &AtomicBool,
 ) -> Result<UnpackStats, UnpackError> {
     let (chunks_tx, chunks_rx) = mpsc::sync_channel(PIPELINE_CHUNKS);
@@ -259,7 +266,7 @@ fn pipeline<S: Read>(
                     pos: 0,
                     failed: false,
                 };
-                unpack_tar(chunks, dest, source_failed)
+                unpack_tar(chunks, dest, tape, source_failed)
             });
         match worker {
             Ok(worker) => {
@@ -278,7 +285,7 @@ fn pipeline<S: Read>(
                         hasher,
                     },
                 );
-                unpack_tar(stream, dest, source_failed)
+                unpack_tar(stream, dest, tape, source_failed)
             }
         }
     })
@@ -368,10 +375,23 @@ impl Read for ChunkReader {
 fn unpack_tar<S: Read>(
     stream: S,
     dest: &Path,
+    tape: Option<&Path>,
     source_failed: &AtomicBool,
 ) -> Result<UnpackStats, UnpackError> {
-    let mut unpacker = Unpacker::new(dest)?;
-    let mut archive = tar::Archive::new(stream);
+    let recorder = match tape {
+        Some(path) => Some(RefCell::new(tape::Recorder::create(path).map_err(|e| {
+            UnpackError::Destination {
+                path: path.to_owned(),
+                source: e,
+            }
+        })?)),
+        None => None,
+    };
+    let mut unpacker = Unpacker::new(dest, recorder.as_ref())?;
+    let mut archive = tar::Archive::new(tape::RecordingReader {
+        inner: stream,
+        recorder: recorder.as_ref(),
+    });
     let entries = archive
         .entries()
         .map_err(|e| stream_error(source_failed, "opening the archive".to_owned(), e))?;
@@ -398,6 +418,13 @@ fn unpack_tar<S: Read>(
         )
     })?;
     unpacker.finish()?;
+    if let Some(recorder) = &recorder {
+        let mut recorder = recorder.borrow_mut();
+        recorder.finish().map_err(|e| UnpackError::Destination {
+            path: recorder.path().to_owned(),
+            source: e,
+        })?;
+    }
     debug!(
         dest = %dest.display(),
         entries = unpacker.stats.entries,
@@ -972,8 +999,10 @@ struct Target<'a> {
     name: &'a OsStr,
 }
 
-struct Unpacker {
+struct Unpacker<'t> {
     dest: PathBuf,
+    /// Told which stream bytes are file contents, when a tape is recorded.
+    tape: Option<&'t RefCell<tape::Recorder>>,
     dirs: DirStack,
     dir_times: DirTimes,
     /// Xattr names already reported as skipped in this layer.
@@ -982,8 +1011,8 @@ struct Unpacker {
     stats: UnpackStats,
 }
 
-impl Unpacker {
-    fn new(dest: &Path) -> Result<Self, UnpackError> {
+impl<'t> Unpacker<'t> {
+    fn new(dest: &Path, tape: Option<&'t RefCell<tape::Recorder>>) -> Result<Self, UnpackError> {
         let root = rfs::open(
             dest,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -995,6 +1024,7 @@ impl Unpacker {
         })?;
         Ok(Self {
             dest: dest.to_owned(),
+            tape,
             dirs: DirStack {
                 root,
                 stack: Vec::new(),
@@ -1167,6 +1197,12 @@ impl Unpacker {
         )?;
         let mut file = File::from(fd);
         let expected = entry.size();
+        if let Some(tape) = self.tape
+            && !entry.header().entry_type().is_gnu_sparse()
+        {
+            tape.borrow_mut()
+                .file(&path_key(t.components), entry.raw_file_position(), expected);
+        }
         let written = copy_content(entry, &mut file, &mut self.buf).map_err(|e| match e {
             CopyError::Read(e) => stream_error(
                 source_failed,
@@ -1395,6 +1431,9 @@ fn full_path(dest: &Path, components: &[&OsStr]) -> PathBuf {
     path.extend(components);
     path
 }
+
+pub mod tape;
+pub use tape::{TapeError, TapeReader};
 
 #[cfg(test)]
 mod tests;

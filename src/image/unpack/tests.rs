@@ -863,7 +863,8 @@ fn diff_id_is_the_sha256_of_the_uncompressed_tar() {
     let expected = format!("sha256:{}", hex::encode(Sha256::digest(&tar)));
     let dir = TestDir::new("diffid");
     let (stats, diff_id) =
-        unpack_layer_with_diff_id(gzip(&tar).as_slice(), Compression::Gzip, &dir.layer()).unwrap();
+        unpack_layer_with_diff_id(gzip(&tar).as_slice(), Compression::Gzip, &dir.layer(), None)
+            .unwrap();
     assert_eq!(stats.entries, 2);
     assert_eq!(diff_id, expected);
 }
@@ -1220,4 +1221,85 @@ fn generate_layer(path: &Path, target: u64) {
         index += 1;
     }
     builder.into_inner().unwrap().flush().unwrap();
+}
+
+/// Unpacks `tar` with a tape and rebuilds the stream from the tape and the files.
+fn replayed(tar: &[u8], dir: &TestDir) -> Result<Vec<u8>, io::Error> {
+    let tape = dir.root.join("tape");
+    unpack_layer_with_diff_id(
+        zstd_compress(tar).as_slice(),
+        Compression::Zstd,
+        &dir.layer(),
+        Some(&tape),
+    )
+    .unwrap();
+    assert_eq!(TapeReader::size(&tape).unwrap(), tar.len() as u64);
+    let mut out = Vec::new();
+    TapeReader::open(&tape, &dir.layer())
+        .unwrap()
+        .read_to_end(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn a_tape_and_the_files_rebuild_the_exact_stream() {
+    let long = format!("{}/file", "d".repeat(150));
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let tar = Layer::new()
+        .dir("etc/", 0o755)
+        .file("etc/hosts", b"127.0.0.1 localhost\n")
+        .file("empty", b"")
+        .file_with("bin/tool", &big, 0o4755, 7, 8)
+        .file(&long, b"under a GNU long name")
+        .pax(&[("SCHILY.xattr.user.k", b"v"), ("mtime", b"1600000000.5")])
+        .file("x", b"with pax")
+        .symlink("link", "/etc/hosts")
+        .hardlink("hard", "etc/hosts")
+        .device(EntryType::Char, "dev/null", 0o666, 1, 3)
+        .file("gone/.wh.f", b"")
+        .file("opq/.wh..wh..opq", b"")
+        .finish();
+    let dir = TestDir::new("tape");
+    let out = replayed(&tar, &dir).unwrap();
+    assert_eq!(out.len(), tar.len());
+    assert!(out == tar, "the rebuilt stream differs");
+    // The tape holds the headers, not the contents.
+    let tape_len = fs::metadata(dir.root.join("tape")).unwrap().len();
+    assert!(tape_len < 8 * 1024, "tape of {tape_len} bytes");
+}
+
+#[test]
+fn a_changed_or_missing_file_fails_the_replay() {
+    let tar = Layer::new()
+        .file("a", b"0123456789")
+        .file("b", b"x")
+        .finish();
+    let dir = TestDir::new("tape-changed");
+    replayed(&tar, &dir).unwrap();
+    fs::write(dir.path("a"), b"012345678").unwrap();
+    let mut out = Vec::new();
+    let err = TapeReader::open(&dir.root.join("tape"), &dir.layer())
+        .unwrap()
+        .read_to_end(&mut out)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("layer file a: it has 9 bytes, the layer had 10"),
+        "{err}"
+    );
+    fs::remove_file(dir.path("a")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", dir.path("a")).unwrap();
+    let err = TapeReader::open(&dir.root.join("tape"), &dir.layer())
+        .unwrap()
+        .read_to_end(&mut Vec::new())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("layer file a: opening it"),
+        "{err}"
+    );
+    fs::write(dir.root.join("tape"), b"garbage").unwrap();
+    assert!(matches!(
+        TapeReader::open(&dir.root.join("tape"), &dir.layer()),
+        Err(TapeError::Corrupt { .. })
+    ));
 }
