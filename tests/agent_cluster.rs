@@ -792,13 +792,18 @@ async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_ku
             "jsonpath={range .items[*]}{.source.component}|{.reason}|{.message}{\"\\n\"}{end}",
         ]);
         // The kubelet's own (not the controllers' events on the same pod),
-        // less the kubelet 1.20's own start-up race: a volume set up before
+        // less the kubelet 1.20's own start-up races: a volume set up before
         // its pod is registered with the ConfigMap/Secret manager fails once
-        // with "object ... not registered" and is retried.
+        // with "object ... not registered", or before that manager's watch has
+        // synced with "failed to sync configmap cache: timed out ...", and is
+        // retried.
         let mut v: Vec<String> = out
             .lines()
             .filter_map(|l| l.strip_prefix("kubelet|"))
-            .filter(|l| !l.ends_with("not registered"))
+            .filter(|l| {
+                !(l.starts_with("FailedMount|")
+                    && (l.ends_with("not registered") || l.contains("failed to sync")))
+            })
             .filter_map(|l| l.split('|').next())
             .map(str::to_string)
             .collect();
