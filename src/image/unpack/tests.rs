@@ -982,7 +982,7 @@ fn single_thread_fallback_path() {
         inner: tar.as_slice(),
         hasher: Some(&mut hasher),
     };
-    let stats = unpack_tar(stream, &dir.layer(), &AtomicBool::new(false)).unwrap();
+    let stats = unpack_tar(stream, &dir.layer(), None, &AtomicBool::new(false)).unwrap();
     assert_eq!(
         stats,
         UnpackStats {
