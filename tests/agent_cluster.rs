@@ -814,7 +814,17 @@ async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_ku
     let (re, oe) = (reasons("ref"), reasons("ours"));
     assert!(
         missing(&re, &oe).is_empty(),
-        "pod events: kubelet {re:?}, agent {oe:?}"
+        "pod events: kubelet {re:?}, agent {oe:?}; the kubelet's: {}",
+        n.cp.kubectl_ok(&[
+            "-n",
+            &n.ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=ref",
+            "-o",
+            "jsonpath={range .items[*]}{.source.component}|{.reason}|{.message}{\"\\n\"}{end}",
+        ])
     );
     n.cp.kubectl_ok(&[
         "-n",

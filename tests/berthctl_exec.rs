@@ -233,11 +233,31 @@ async fn port_forward_reaches_a_server_in_the_pods_network() {
         "{first:?}"
     );
     assert!(http_get(web, "/page").contains("forwarded"));
-    // Nothing listens on 9999 in the pod: the connection ends, and berthctl says why.
+    // Nothing listens on 9999 in the pod: the connection ends, and berthctl says why (its
+    // message may follow the connection's end by a moment).
+    let stderr = pf.stderr.take().expect("stderr");
+    let (said, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if said.send(line).is_err() {
+                break;
+            }
+        }
+    });
     assert_eq!(http_get(nothing, "/"), "");
+    let mut err = String::new();
+    while let Ok(line) = heard.recv_timeout(std::time::Duration::from_secs(10)) {
+        err.push_str(&line);
+        err.push('\n');
+        if line.contains("9999") {
+            break;
+        }
+    }
     let _ = pf.kill();
-    let out = pf.wait_with_output().expect("wait");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let _ = pf.wait();
     assert!(err.contains("9999"), "{err}");
     remove_pod(&c, &pod).await;
 }
