@@ -151,7 +151,7 @@ impl Checker<'_> {
     }
 
     /// The images an OCI layout's index names.
-    fn from_index(&self, index: &Index) -> Result<Vec<Planned>, ImageError> {
+    fn plan_index(&self, index: &Index) -> Result<Vec<Planned>, ImageError> {
         let mut plans = Vec::new();
         for entry in &index.manifests {
             let top = self.document(&entry.digest, entry.size)?;
@@ -222,7 +222,7 @@ impl Checker<'_> {
     }
 
     /// The images `docker save`'s `manifest.json` lists; Berth writes each an OCI manifest.
-    fn from_docker(&self, images: &[DockerImage]) -> Result<Vec<Planned>, ImageError> {
+    fn plan_docker(&self, images: &[DockerImage]) -> Result<Vec<Planned>, ImageError> {
         let mut plans = Vec::new();
         for image in images {
             let config_bytes = match self.contents.find(&image.config) {
@@ -311,10 +311,10 @@ impl Checker<'_> {
             Some(bytes) => {
                 let index: Index = serde_json::from_slice(bytes)
                     .map_err(|e| self.corrupt(format!("entry {INDEX_FILE}: {e}")))?;
-                let mut plans = self.from_index(&index)?;
+                let mut plans = self.plan_index(&index)?;
                 // Docker's archives carry both files; its RepoTags name images the index may not.
                 let tags: HashMap<String, Vec<String>> = self
-                    .from_docker(&docker)?
+                    .plan_docker(&docker)?
                     .into_iter()
                     .map(|p| (p.record.id, p.tags))
                     .collect();
@@ -324,7 +324,7 @@ impl Checker<'_> {
                 }
                 plans
             }
-            None if !docker.is_empty() => self.from_docker(&docker)?,
+            None if !docker.is_empty() => self.plan_docker(&docker)?,
             None => {
                 return Err(ImageError::InvalidArgument(format!(
                     "archive {} is not an image archive: it holds neither {INDEX_FILE} (an OCI image layout) nor {DOCKER_MANIFEST_FILE} (docker save)",
