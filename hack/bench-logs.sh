@@ -35,6 +35,11 @@ cgroup_root = "/$CG-berth"
 container_log_max_size = "$max"
 container_log_max_files = 5
 container_log_monitor_interval_secs = 10.0
+# A busy build machine's disk must not stop the writer from being admitted.
+[agent.eviction_hard]
+"memory.available" = "100Mi"
+"nodefs.available" = "1%"
+"imagefs.available" = "1%"
 TOML
   sock=$d/state/berth.sock
   "$BERTHD" --config "$d/config.toml" --root "$d/root" --state-dir "$d/state" --socket "$sock" \
