@@ -318,3 +318,69 @@ async fn calls_cut_short_by_their_deadline_finish_and_a_retry_gets_their_result(
     remove_pod(&c, &pod).await;
     nothing_left(&d, layers);
 }
+
+/// Shims running for containers under `d`'s root.
+fn shims_of(d: &Daemon) -> Vec<String> {
+    let needle = d.root().join("containers").to_string_lossy().to_string();
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("berth-shim") && cmd.contains(&needle)).then_some(cmd)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pod_removed_while_a_container_is_created_in_it_takes_the_container_with_it() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let layers = d.snapshot_dirs().len();
+    let mut sleeper = container(&busybox);
+    sleeper.command = vec!["sleep".into(), "60".into()];
+    // The removal lands at every point of the creation: before, during preparation, while
+    // the shim starts, after. Whatever the order, no container outlives its pod.
+    let mut created = 0;
+    for round in 0..16u64 {
+        let pod = run_pod(&c, &sandbox_config()).await;
+        let (creator, config, sandbox) = (c.clone(), sleeper.clone(), pod.clone());
+        let creation = tokio::spawn(async move {
+            let id = try_create(&creator, &sandbox, config).await?;
+            // Started if it still exists, as the kubelet and the agent do next.
+            let _ = creator
+                .runtime()
+                .start_container(cri::StartContainerRequest {
+                    container_id: id.clone(),
+                })
+                .await;
+            Ok::<_, tonic::Status>(id)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(round * 4)).await;
+        c.runtime()
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await
+            .expect("RemovePodSandbox");
+        match creation.await.expect("creation task") {
+            Ok(_) => created += 1,
+            Err(e) => assert!(
+                matches!(e.code(), Code::NotFound | Code::FailedPrecondition),
+                "round {round}: {e:?}"
+            ),
+        }
+        let left = list_containers(&c).await;
+        assert!(
+            left.is_empty(),
+            "round {round}: containers outlived their pod: {left:?}"
+        );
+        assert_eq!(shims_of(&d), Vec::<String>::new(), "round {round}");
+        nothing_left(&d, layers);
+    }
+    // Both orders happened: some containers were made before the removal took them.
+    assert!(created > 0, "no creation finished before its pod's removal");
+}

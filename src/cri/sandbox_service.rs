@@ -160,6 +160,8 @@ pub(super) async fn stop_pod_sandbox(
     request: Request<cri::StopPodSandboxRequest>,
 ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
     let id = &request.get_ref().pod_sandbox_id;
+    // No container is created in the pod until it is stopped (and then none can be).
+    let _held = api.sandboxes.hold(id).await;
     // Its containers first (the CRI asks StopPodSandbox to stop them all).
     let ready = api
         .sandboxes
@@ -183,6 +185,8 @@ pub(super) async fn remove_pod_sandbox(
     request: Request<cri::RemovePodSandboxRequest>,
 ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
     let id = &request.get_ref().pod_sandbox_id;
+    // No container is created in the pod while its containers are listed and removed.
+    let _held = api.sandboxes.hold(id).await;
     let existed = api.sandboxes.find(id).ok();
     if let Some(sandbox) = &existed {
         for c in api.containers.in_sandbox(&sandbox.id)? {

@@ -357,6 +357,20 @@ impl ContainerManager {
             Reservation::New(t) => t,
         };
         // On any error below the ticket is dropped, which frees the name again.
+        // The pod is neither stopped nor removed until this container is recorded with its shim,
+        // so a stop or removal that follows sees it.
+        let (sandbox, _member) = match self.sandboxes.admit(&req.pod_sandbox_id).await {
+            Ok(admitted) => admitted,
+            Err(super::sandbox::SandboxError::NotFound(id)) => {
+                return Err(CreateError::NotFound(format!(
+                    "CreateContainer: pod sandbox {id} not found"
+                ))
+                .into());
+            }
+            Err(e) => {
+                return Err(CreateError::InvalidArgument(format!("CreateContainer: {e}")).into());
+            }
+        };
         let target_pid_ns = self.target_pid_namespace(config)?;
         // The init joins its cgroups a few milliseconds from now, in the shim.
         super::cgroup_attach::prime();
@@ -373,15 +387,6 @@ impl ContainerManager {
         })
         .await
         .map_err(|e| ContainerError::Internal(format!("CreateContainer {new_id}: {e}")))??;
-        let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
-            Ok(s) => s,
-            Err(e) => {
-                prepared.undo(&self.images);
-                return Err(ContainerError::Internal(format!(
-                    "CreateContainer: sandbox vanished: {e}"
-                )));
-            }
-        };
         let log_dir = sandbox.config_ref().log_directory.clone();
         let log_path = match (log_dir.is_empty(), config.log_path.is_empty()) {
             (false, false) => PathBuf::from(&log_dir).join(&config.log_path),

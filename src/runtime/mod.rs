@@ -15,6 +15,7 @@ pub mod pin;
 pub mod process;
 pub mod sandbox;
 pub mod sandbox_files;
+pub mod sandbox_gate;
 pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;

@@ -20,6 +20,7 @@ use super::names::{self, NameRegistry, Reservation};
 use super::pin::{self, PinRequest};
 use super::process::HostProcess;
 use super::sandbox_files;
+use super::sandbox_gate::{SandboxExclusive, SandboxGates, SandboxMember};
 use super::userns::{self, PodIds};
 use crate::net::{NetError, NetManager};
 use crate::store::{RecordTable, SANDBOXES, Store};
@@ -149,6 +150,8 @@ pub struct SandboxManager {
     lock: tokio::sync::Mutex<()>,
     /// The last CNI CHECK of each pod network, and whether one runs now.
     checks: std::sync::Mutex<HashMap<String, NetworkCheck>>,
+    /// Container creations against stops and removals, per sandbox.
+    gates: SandboxGates,
 }
 
 /// How long a CNI CHECK result is shown before a verbose status starts another.
@@ -195,6 +198,7 @@ impl SandboxManager {
             net,
             lock: tokio::sync::Mutex::new(()),
             checks: Default::default(),
+            gates: SandboxGates::default(),
         });
         for rec in manager.records()? {
             let mut rec = SandboxRecord::clone(&rec);
@@ -320,6 +324,23 @@ impl SandboxManager {
         self.table
             .find(id)
             .ok_or_else(|| SandboxError::NotFound(id.to_string()))
+    }
+
+    /// The sandbox `id` (or a unique prefix), held so that it is neither stopped nor removed
+    /// until the returned guard is dropped: a container created meanwhile is seen by the stop or
+    /// removal that follows.
+    pub async fn admit(&self, id: &str) -> Result<(SandboxRecord, SandboxMember), SandboxError> {
+        let full = self.find(id)?.id.clone();
+        let member = self.gates.member(&full).await;
+        // Looked up again: a removal may have finished while this call waited.
+        Ok((self.get(&full)?, member))
+    }
+
+    /// Holds the sandbox `id` (or a unique prefix) against container creations, for a stop or
+    /// removal; None when there is no such sandbox.
+    pub async fn hold(&self, id: &str) -> Option<SandboxExclusive> {
+        let full = self.find(id).ok()?.id.clone();
+        Some(self.gates.exclusive(&full).await)
     }
 
     /// Every sandbox (Creating ones included).
@@ -774,6 +795,7 @@ impl SandboxManager {
         self.teardown(&rec);
         self.hand_over_cgroups(&rec)?;
         self.delete(&rec.id)?;
+        self.gates.forget(&rec.id);
         if let Ok(mut checks) = self.checks.lock() {
             checks.remove(&rec.id);
         }
