@@ -17,9 +17,11 @@ bytes=$((1 << 30))
 pid=
 
 cleanup() {
+  local rc=$?
   [ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; }
   stop_run
   rm -rf "$W"
+  exit "$rc"
 }
 trap cleanup EXIT
 
@@ -62,13 +64,14 @@ YAML
   for _ in $(seq 1200); do
     id=$("$BERTHCTL" -r "$sock" ps -a -q 2>/dev/null | head -1)
     if [ -n "$id" ]; then
+      # berthctl's JSON is the CRI message as prost encodes it: the state is its number.
       status=$("$BERTHCTL" -r "$sock" inspect "$id" | jq -r '.status.state')
-      [ "$status" = CONTAINER_EXITED ] && break
+      [ "$status" = 2 ] && break
     fi
     sleep 0.5
   done
-  started=$("$BERTHCTL" -r "$sock" inspect "$id" | jq -r '.status.startedAt')
-  finished=$("$BERTHCTL" -r "$sock" inspect "$id" | jq -r '.status.finishedAt')
+  started=$("$BERTHCTL" -r "$sock" inspect "$id" | jq -r '.status.started_at')
+  finished=$("$BERTHCTL" -r "$sock" inspect "$id" | jq -r '.status.finished_at')
   rm -f "$d/manifests/writer.yaml"
   for _ in $(seq 120); do
     [ -z "$("$BERTHCTL" -r "$sock" pods -q 2>/dev/null | head -1)" ] && break
