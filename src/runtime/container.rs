@@ -359,18 +359,11 @@ impl ContainerManager {
         // On any error below the ticket is dropped, which frees the name again.
         // The pod is neither stopped nor removed until this container is recorded with its shim,
         // so a stop or removal that follows sees it.
-        let (sandbox, _member) = match self.sandboxes.admit(&req.pod_sandbox_id).await {
-            Ok(admitted) => admitted,
-            Err(super::sandbox::SandboxError::NotFound(id)) => {
-                return Err(CreateError::NotFound(format!(
-                    "CreateContainer: pod sandbox {id} not found"
-                ))
-                .into());
-            }
-            Err(e) => {
-                return Err(CreateError::InvalidArgument(format!("CreateContainer: {e}")).into());
-            }
-        };
+        let (sandbox, _member) = self
+            .sandboxes
+            .admit(&req.pod_sandbox_id)
+            .await
+            .map_err(CreateError::from_sandbox)?;
         let target_pid_ns = self.target_pid_namespace(config)?;
         // The init joins its cgroups a few milliseconds from now, in the shim.
         super::cgroup_attach::prime();

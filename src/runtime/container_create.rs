@@ -33,6 +33,18 @@ pub enum CreateError {
     Internal(String),
 }
 
+impl CreateError {
+    /// CreateContainer's error for a sandbox it cannot use: unknown, or a bad id.
+    pub fn from_sandbox(e: SandboxError) -> Self {
+        match e {
+            SandboxError::NotFound(id) => {
+                Self::NotFound(format!("CreateContainer: pod sandbox {id} not found"))
+            }
+            e => Self::InvalidArgument(format!("CreateContainer: {e}")),
+        }
+    }
+}
+
 /// Prepares containers.
 pub struct ContainerCreator {
     images: ImageManager,
@@ -127,19 +139,10 @@ impl ContainerCreator {
         req: &cri::CreateContainerRequest,
         target_pid_ns: Option<PathBuf>,
     ) -> Result<Prepared, CreateError> {
-        let sandbox = match self.sandboxes.get(&req.pod_sandbox_id) {
-            Ok(s) => s,
-            Err(SandboxError::NotFound(id)) => {
-                return Err(CreateError::NotFound(format!(
-                    "CreateContainer: pod sandbox {id} not found"
-                )));
-            }
-            Err(e) => {
-                return Err(CreateError::InvalidArgument(format!(
-                    "CreateContainer: {e}"
-                )));
-            }
-        };
+        let sandbox = self
+            .sandboxes
+            .get(&req.pod_sandbox_id)
+            .map_err(CreateError::from_sandbox)?;
         if sandbox.state != SandboxState::Ready {
             return Err(CreateError::FailedPrecondition(format!(
                 "CreateContainer: pod sandbox {} is not ready (stopped)",
