@@ -13,7 +13,10 @@ pub struct AgentConfig {
     pub enabled: bool,
     /// Directory of Pod manifests (YAML or JSON, several per file).
     pub manifest_dir: PathBuf,
-    /// `HOST:PORT` of the read-only status endpoint (`/pods`, `/node`, `/healthz`).
+    /// `HOST:PORT` of the read-only status endpoint (`/pods`, `/node`, `/healthz`), plain HTTP
+    /// without authentication, as the kubelet's read-only port (10255). Empty (the default, as
+    /// the kubelet's `readOnlyPort: 0` in kubeadm clusters): off; the same routes stay on the
+    /// control socket.
     pub address: String,
     /// Root of the pods' log directories (`<root>/<namespace>_<name>_<uid>`).
     pub pod_log_dir: PathBuf,
@@ -222,7 +225,7 @@ impl Default for AgentConfig {
         Self {
             enabled: true,
             manifest_dir: PathBuf::from("/etc/berth/manifests"),
-            address: "127.0.0.1:10255".to_string(),
+            address: String::new(),
             pod_log_dir: PathBuf::from("/var/log/pods"),
             server_address: "0.0.0.0:10250".to_string(),
             healthz_address: "127.0.0.1:10248".to_string(),
@@ -311,13 +314,8 @@ impl AgentConfig {
         {
             return Err("agent.container_log_monitor_interval_secs must be at least 1".into());
         }
-        if self.address.parse::<std::net::SocketAddr>().is_err() {
-            return Err(format!(
-                "agent.address {:?} is not HOST:PORT (an IP address and a port)",
-                self.address
-            ));
-        }
         for (name, v) in [
+            ("agent.address", &self.address),
             ("agent.server_address", &self.server_address),
             ("agent.healthz_address", &self.healthz_address),
         ] {
@@ -567,6 +565,8 @@ mod tests {
     fn defaults_are_valid_and_the_kubelets() {
         let c = AgentConfig::default();
         assert_eq!(c.validate(), Ok(()));
+        // The unauthenticated read-only endpoint is off unless asked for.
+        assert_eq!(c.address, "");
         assert_eq!(c.eviction_hard["memory.available"], "100Mi");
         assert_eq!(
             threshold_value("100Mi"),

@@ -166,13 +166,20 @@ pub async fn start(
         Duration::from_millis(cfg.sync_period_ms),
     ));
     let node_status = node::status::NodeStatus::new(ctx.clone(), cfg, state_dir, root);
-    let listener = tokio::net::TcpListener::bind(&cfg.address)
-        .await
-        .map_err(|error| AgentError::Listen {
-            address: cfg.address.clone(),
-            error,
-        })?;
-    let local = listener.local_addr().ok();
+    // The read-only TCP endpoint only when an address is configured (off by default).
+    let listener = if cfg.address.is_empty() {
+        None
+    } else {
+        Some(
+            tokio::net::TcpListener::bind(&cfg.address)
+                .await
+                .map_err(|error| AgentError::Listen {
+                    address: cfg.address.clone(),
+                    error,
+                })?,
+        )
+    };
+    let local = listener.as_ref().and_then(|l| l.local_addr().ok());
     // The Node's daemonEndpoints name the node server, or the read-only endpoint without one.
     let server_port = match node_server::start(ctx.clone(), cfg, state_dir).await {
         Ok(port) => port,
@@ -195,7 +202,7 @@ pub async fn start(
             tracing::warn!(file = %file.display(), error = %e, "agent: writing the endpoint address");
         }
     }
-    tracing::info!(address = %local.map(|a| a.to_string()).unwrap_or_else(|| cfg.address.clone()), manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
+    tracing::info!(address = %local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()), manifests = %cfg.manifest_dir.display(), node = %ctx.node.name, "node agent started");
     let shutdown_manager = shutdown::ShutdownManager::new(ctx.clone());
     // The control socket admits whom the CRI socket admits.
     let control_socket = control_socket_path(state_dir);
@@ -209,7 +216,9 @@ pub async fn start(
         metrics: metrics::registry(ctx.clone()),
         control_socket,
     });
-    tokio::spawn(server::serve(listener, endpoint.clone()));
+    if let Some(listener) = listener {
+        tokio::spawn(server::serve(listener, endpoint.clone()));
+    }
     tokio::spawn(server::serve_control(control, endpoint));
     let shutdown_groups = shutdown::groups(cfg);
     if !shutdown_groups.is_empty() {

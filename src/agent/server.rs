@@ -1,7 +1,8 @@
 //! The agent's read-only HTTP endpoint: `/healthz`, `/pods`, `/pods/<namespace>/<name>`,
 //! `/node`, `/node/reports`, `/gc` (garbage collection counters), `/manifests` (per-file
 //! manifest errors and warnings), `/configz` (the effective agent configuration) and `/metrics`
-//! (Prometheus), on TCP for anyone on the machine; the same routes and `POST /node/shutdown`
+//! (Prometheus), on TCP for anyone who reaches its address (only when `agent.address` is set:
+//! off by default, as the kubelet's read-only port); the same routes and `POST /node/shutdown`
 //! (a graceful node shutdown, answered with its report when every pod has ended) on the
 //! control socket, which only root and the CRI socket's group may use.
 
