@@ -10,6 +10,7 @@ pub mod node_auth;
 mod pull;
 pub mod reference;
 pub mod registry;
+pub mod tar_guard;
 pub mod unpack;
 
 pub use manager::{ImageFsUsage, ImageManager, ImageView, LayerProgress, PullProgress};
