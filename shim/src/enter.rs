@@ -1,6 +1,8 @@
 //! Starting a process inside the running container (exec): it joins the cgroups and namespaces
 //! of the container's init, takes on the container process's identity and restrictions (user,
-//! groups, rlimits, AppArmor, no_new_privs, capabilities, seccomp, umask) and execs.
+//! groups, rlimits, AppArmor, no_new_privs, capabilities, seccomp, umask, oom_score_adj) and
+//! execs. Until the exec it is not dumpable, and its working directory is resolved inside the
+//! container's root and checked to be there.
 //!
 //! libcontainer 0.7's tenant builder does the same at several times the cost: its intermediate
 //! process builds a cgroup manager that, on cgroup v1, reads `/proc/self/mountinfo` once per
@@ -101,7 +103,12 @@ pub fn spawn(
     };
     let joins = namespaces(init, spec).map_err(fail)?;
     let procs = cgroup_procs(init).map_err(fail)?;
-    let plan = Plan::new(spec, process).map_err(fail)?;
+    let mut plan = Plan::new(spec, process).map_err(fail)?;
+    // The exec is the container's as much as its init is, for the OOM killer too (not the
+    // shim's, which runs at berthd's adjustment).
+    plan.oom_score_adj = fs::read_to_string(format!("/proc/{init}/oom_score_adj"))
+        .ok()
+        .map(|s| s.trim().to_string());
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "pipe".into())?;
     let (go_r, go_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "pipe".into())?;
     let (pid_r, pid_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "pipe".into())?;
@@ -343,6 +350,8 @@ struct Plan {
     no_new_privileges: bool,
     process: Process,
     seccomp: Option<libcontainer::oci_spec::runtime::LinuxSeccomp>,
+    /// The container init's `oom_score_adj`, given to the process.
+    oom_score_adj: Option<String>,
 }
 
 impl Plan {
@@ -385,6 +394,7 @@ impl Plan {
             no_new_privileges: process.no_new_privileges() == Some(true),
             process: process.clone(),
             seccomp: spec.linux().as_ref().and_then(|l| l.seccomp().clone()),
+            oom_score_adj: None,
         })
     }
 }
@@ -398,6 +408,21 @@ fn start(
     console: Option<OwnedFd>,
 ) -> Result<std::convert::Infallible, String> {
     let syscall = libcontainer::syscall::syscall::create_syscall();
+    // Not dumpable until execve (which makes it dumpable again): while it holds the shim's
+    // descriptors and privileges, nothing in the container may ptrace it or open its /proc
+    // files.
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and changes only this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "PR_SET_DUMPABLE: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if let Some(adj) = &plan.oom_score_adj {
+        // Raising it always works; lowering needs CAP_SYS_RESOURCE, and without it the
+        // process keeps the shim's (higher) value, as the init's was clamped too.
+        let _ = fs::write("/proc/self/oom_score_adj", adj);
+    }
     // The shim's signal mask is inherited across exec; nothing of it belongs to the process.
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
@@ -435,7 +460,7 @@ fn start(
         nix::sys::stat::umask(mode);
     }
     // An unprivileged user may not be able to enter the directory yet: again after setuid.
-    let chdir_later = match nix::unistd::chdir(&plan.cwd) {
+    let chdir_later = match enter_cwd(&plan.cwd) {
         Ok(()) => false,
         Err(nix::errno::Errno::EPERM | nix::errno::Errno::EACCES) => true,
         Err(e) => return Err(format!("chdir {}: {e}", plan.cwd.display())),
@@ -468,8 +493,9 @@ fn start(
             .map_err(|e| format!("capabilities: {e}"))?;
     }
     if chdir_later {
-        nix::unistd::chdir(&plan.cwd).map_err(|e| format!("chdir {}: {e}", plan.cwd.display()))?;
+        enter_cwd(&plan.cwd).map_err(|e| format!("chdir {}: {e}", plan.cwd.display()))?;
     }
+    verify_cwd(&plan.cwd)?;
     if plan.no_new_privileges {
         seccomp(plan)?;
     }
@@ -488,6 +514,45 @@ fn start(
         exe.to_string_lossy(),
         e.map_or_else(|| "failed".to_string(), |e| e.to_string())
     ))
+}
+
+/// Changes to the working directory `cwd`, resolved inside the process's root (the
+/// container's, once its mount namespace is joined): symlinks are followed as if that root were
+/// `/` and magic links (`/proc/<pid>/root`, `/proc/<pid>/cwd`, ...) are refused. Kernels
+/// without openat2 fall back to chdir, and [`verify_cwd`] still holds.
+fn enter_cwd(cwd: &Path) -> nix::Result<()> {
+    use nix::fcntl::{OpenHow, ResolveFlag};
+    let root = nix::fcntl::open(
+        "/",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    // SAFETY: `open` returned this descriptor just now and nothing else owns it.
+    let root = unsafe { OwnedFd::from_raw_fd(root) };
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    match nix::fcntl::openat2(root.as_raw_fd(), cwd, how) {
+        Ok(dir) => {
+            // SAFETY: `openat2` returned this descriptor just now and nothing else owns it.
+            let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+            nix::unistd::fchdir(dir.as_raw_fd())
+        }
+        Err(nix::errno::Errno::ENOSYS) => nix::unistd::chdir(cwd),
+        Err(e) => Err(e),
+    }
+}
+
+/// Checks that the working directory lies inside the process's root: `getcwd` fails (or names
+/// no absolute path) for a directory reached through a link out of it.
+fn verify_cwd(cwd: &Path) -> Result<(), String> {
+    match nix::unistd::getcwd() {
+        Ok(p) if p.is_absolute() => Ok(()),
+        _ => Err(format!(
+            "working directory {} leads outside the container's root",
+            cwd.display()
+        )),
+    }
 }
 
 fn seccomp(plan: &Plan) -> Result<(), String> {
