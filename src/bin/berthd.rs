@@ -163,6 +163,9 @@ enum Command {
     /// Internal: pid 1 of a pod's shared PID namespace (started by pin-namespaces).
     #[command(hide = true)]
     PodInit,
+    /// Internal: holds its namespaces until killed (the user namespace probe at start).
+    #[command(hide = true)]
+    NamespaceHolder,
 }
 
 /// The manual pages berthd prints.
@@ -316,7 +319,10 @@ fn main() {
         return;
     }
     if let Some(Command::PodInit) = &cli.command {
-        berth::runtime::pin::run_pod_init();
+        berth::runtime::pod_init::run();
+    }
+    if let Some(Command::NamespaceHolder) = &cli.command {
+        berth::runtime::userns::run_namespace_holder();
     }
     if let Some(Command::PinNamespaces {
         net,

@@ -12,6 +12,7 @@ pub mod dir_modes;
 pub mod events;
 pub mod names;
 pub mod pin;
+pub mod pod_init;
 pub mod process;
 pub mod sandbox;
 pub mod sandbox_files;

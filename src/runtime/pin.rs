@@ -15,8 +15,9 @@
 //!
 //! A pod that shares one PID namespace among its containers needs a live process as that
 //! namespace's init (a PID namespace whose init died accepts no new process). The pin child
-//! then also unshares the PID namespace and starts `berth-pod-init` ([`run_pod_init`]) in it:
-//! a detached process that only reaps orphans, pinned like the others and killed with the pod.
+//! then also unshares the PID namespace and starts `berth-pod-init` ([`super::pod_init`]) in
+//! it: a detached process that contains itself like a container and only reaps orphans, pinned
+//! like the others and killed with the pod.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -471,7 +472,7 @@ fn start_pod_init(cgroups: &[PathBuf]) -> Result<i32, PinError> {
         .arg("pod-init")
         .current_dir("/")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
     // which is async-signal-safe.
@@ -481,8 +482,23 @@ fn start_pod_init(cgroups: &[PathBuf]) -> Result<i32, PinError> {
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(step("starting berth-pod-init"))?;
+    let mut child = cmd.spawn().map_err(step("starting berth-pod-init"))?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    // The init reports once it is contained (or why it could not be), then closes its stdout.
+    let mut report = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        use std::io::Read;
+        let _ = out.by_ref().take(4096).read_to_string(&mut report);
+    }
+    if report.trim() != super::pod_init::READY {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(PinError::Child(if report.trim().is_empty() {
+            "berth-pod-init exited before it was contained".into()
+        } else {
+            report.trim().to_string()
+        }));
+    }
     join_cgroups(pid, cgroups)?;
     // The child is not waited for: once this process exits it is re-parented to the host's
     // init (or a subreaper), and lives as long as the pod.
@@ -505,34 +521,6 @@ fn join_cgroups(pid: i32, cgroups: &[PathBuf]) -> Result<(), PinError> {
         }
     }
     Ok(())
-}
-
-/// The body of `berth-pod-init`: pid 1 of a pod's shared PID namespace. Reaps whatever is
-/// re-parented to it and exits on SIGTERM or SIGINT. Runs single-threaded, never returns.
-pub fn run_pod_init() -> ! {
-    // SAFETY: sigset_t is a plain C bitmask; sigemptyset/sigaddset initialise it, and
-    // sigprocmask/sigwait only read it. This process is single-threaded.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        loop {
-            let mut sig: libc::c_int = 0;
-            if libc::sigwait(&set, &mut sig) != 0 {
-                continue;
-            }
-            match sig {
-                libc::SIGCHLD => {
-                    while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
-                }
-                libc::SIGTERM | libc::SIGINT => libc::_exit(0),
-                _ => {}
-            }
-        }
-    }
 }
 
 /// Brings `lo` up in the current network namespace.

@@ -177,7 +177,7 @@ pub fn detect_support(dirs: &[&Path]) -> bool {
 fn probe(dirs: &[&Path]) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new("/proc/self/exe");
-    cmd.arg("pod-init")
+    cmd.arg("namespace-holder")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
@@ -213,6 +213,14 @@ fn probe(dirs: &[&Path]) -> std::io::Result<()> {
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// The body of `berthd namespace-holder`: waits, holding its namespaces, until it is killed.
+pub fn run_namespace_holder() -> ! {
+    loop {
+        // SAFETY: pause(2) only waits for a signal.
+        unsafe { libc::pause() };
+    }
 }
 
 /// `mount_setattr(2)`'s attribute that idmaps a mount.
