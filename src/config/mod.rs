@@ -45,6 +45,12 @@ pub struct ImagesConfig {
     /// Directory whose image archives (OCI layout or docker save tars, plain, gzip or zstd)
     /// are imported at start and when added, each once; empty: `<root>/import`.
     pub import_dir: PathBuf,
+    /// The most bytes one layer may unpack to, pulled or imported (file contents, sparse holes
+    /// included, plus 512 bytes per entry); a layer past it is refused and removed. 0 (the
+    /// default): no limit, as in containerd, since the right bound depends on the node's disk
+    /// and on its images (some are tens of GiB); a node that pulls images it does not trust
+    /// should set one, for a few kilobytes of zstd can unpack to terabytes.
+    pub max_unpacked_layer_bytes: u64,
 }
 
 /// berthd's Prometheus endpoint (off unless an address is given).

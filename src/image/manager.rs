@@ -35,6 +35,8 @@ pub(super) struct Inner {
     pub(super) clients: Clients,
     pub(super) registry_config: crate::config::RegistryConfig,
     pub(super) downloads: Semaphore,
+    /// `images.max_unpacked_layer_bytes`: the most one layer may unpack to (0: no limit).
+    pub(super) max_unpacked_layer_bytes: u64,
     /// Pulls hold it shared; garbage collection holds it exclusively.
     pub(super) gc_lock: RwLock<()>,
     inflight: Mutex<HashMap<String, (SharedPull, Arc<PullProgress>)>>,
@@ -144,6 +146,7 @@ impl ImageManager {
             )),
             registry_config: config.registry.clone(),
             downloads: Semaphore::new(config.registry.max_concurrent_downloads.max(1)),
+            max_unpacked_layer_bytes: config.images.max_unpacked_layer_bytes,
             gc_lock: RwLock::new(()),
             inflight: Mutex::new(HashMap::new()),
             fs_usage: DiskCache::default(),

@@ -22,6 +22,36 @@ pub const ACCEPTED: &[&str] = &[
     DOCKER_SCHEMA1,
 ];
 
+/// The largest manifest or index Berth reads, 4 MiB: containerd refuses larger ones too, and
+/// real manifests are a few KiB (an index of every platform stays far below). A larger
+/// declared size is refused before the fetch; a larger body, right after it.
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+
+/// The largest image config Berth reads, 8 MiB: configs carry the image's history and
+/// environment, some tens of KiB in practice. A larger declared size is refused before the
+/// fetch, and the fetch stops once more bytes than declared arrive.
+pub const MAX_CONFIG_BYTES: u64 = 8 << 20;
+
+/// The size `desc` declares for the `what` ("config", "manifest") of `image`, refused with
+/// [`ImageError::Hostile`] when negative or above `max`.
+pub fn bounded_size(
+    image: &str,
+    what: &str,
+    desc: &Descriptor,
+    max: u64,
+) -> Result<u64, ImageError> {
+    match u64::try_from(desc.size) {
+        Ok(size) if size <= max => Ok(size),
+        _ => Err(ImageError::Hostile {
+            image: image.to_string(),
+            reason: format!(
+                "its {what} {} declares {} bytes; Berth accepts at most {max}",
+                desc.digest, desc.size
+            ),
+        }),
+    }
+}
+
 /// A content descriptor.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -179,8 +209,13 @@ pub struct RootFs {
 
 /// Parses an image config blob.
 pub fn parse_config(image: &str, bytes: &[u8]) -> Result<ImageConfigDoc, ImageError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ImageError::Corrupt(format!("config of {image} is not valid JSON: {e}")))
+    let config: ImageConfigDoc = serde_json::from_slice(bytes)
+        .map_err(|e| ImageError::Corrupt(format!("config of {image} is not valid JSON: {e}")))?;
+    // A `User` whose id no process can take would run as root while reported as non-root.
+    let user = config.config.as_ref().and_then(|c| c.user.as_deref());
+    crate::runtime::spec_user::check_image_config_user(image, user)
+        .map_err(ImageError::InvalidArgument)?;
+    Ok(config)
 }
 
 /// Chain ids per the OCI spec: `chain[0] = diff[0]`, `chain[n] = sha256(chain[n-1] + " " + diff[n])`.
@@ -257,6 +292,30 @@ mod tests {
             hex::encode(Sha256::digest(b"sha256:a sha256:b"))
         );
         assert_eq!(chain[1], want);
+    }
+
+    #[test]
+    fn declared_sizes_are_bounded() {
+        let desc = |size| Descriptor {
+            media_type: String::new(),
+            digest: "sha256:c".into(),
+            size,
+            platform: None,
+        };
+        assert_eq!(
+            bounded_size("i", "config", &desc(10), MAX_CONFIG_BYTES).expect("small"),
+            10
+        );
+        for size in [1 << 62, -1, i64::MAX, MAX_MANIFEST_BYTES as i64 + 1] {
+            let err = bounded_size("reg/i:1", "manifest", &desc(size), MAX_MANIFEST_BYTES)
+                .expect_err("refused");
+            let text = err.to_string();
+            assert!(matches!(err, ImageError::Hostile { .. }), "{text}");
+            assert!(
+                text.contains("reg/i:1") && text.contains(&size.to_string()),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -41,7 +41,9 @@ pub enum ImageError {
     /// Content that does not match its digest or size, or does not decode.
     #[error("{0}")]
     Corrupt(String),
-    /// A layer that tries to write outside its root.
+    /// Content built to harm the node: a layer that tries to write outside its root, a
+    /// manifest, config or tar record far larger than any real one, a layer that unpacks past
+    /// the configured limit.
     #[error("refusing image {image}: {reason}")]
     Hostile { image: String, reason: String },
     /// Disk or internal trouble.

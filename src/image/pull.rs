@@ -169,6 +169,18 @@ impl Inner {
             .pull_manifest_raw(reference, &creds.to_auth(), manifest::ACCEPTED)
             .await
             .map_err(|e| registry_error(image, "fetching manifest", e))?;
+        // oci-client reads the body whole; this at least keeps it out of the content store
+        // and the parser.
+        if body.len() as u64 > manifest::MAX_MANIFEST_BYTES {
+            return Err(ImageError::Hostile {
+                image: image.to_string(),
+                reason: format!(
+                    "its manifest has {} bytes; Berth accepts at most {}",
+                    body.len(),
+                    manifest::MAX_MANIFEST_BYTES
+                ),
+            });
+        }
         let actual = super::content::sha256_digest(&body);
         if let Some(want) = reference.digest()
             && want != actual
@@ -199,8 +211,13 @@ impl Inner {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     tracing::debug!(image = %image, endpoint = %ep.host, error = %e, "endpoint failed");
-                    // Auth failures and hostile content are final; try mirrors for the rest.
-                    if matches!(e, ImageError::Unsupported(_) | ImageError::Corrupt(_)) {
+                    // Unusable and hostile content are final; try mirrors for the rest.
+                    if matches!(
+                        e,
+                        ImageError::Unsupported(_)
+                            | ImageError::Corrupt(_)
+                            | ImageError::Hostile { .. }
+                    ) {
                         return Err(e);
                     }
                     last_err = Some(e);
@@ -233,6 +250,8 @@ impl Inner {
         if let Document::Index(list) = &doc {
             let (arch, variant) = manifest::host_platform();
             let chosen = manifest::choose_platform(&shown, list, arch, variant)?.clone();
+            let declared =
+                manifest::bounded_size(&shown, "manifest", &chosen, manifest::MAX_MANIFEST_BYTES)?;
             let mut by_digest = oci_client::Reference::with_digest(
                 image.registry.clone(),
                 image.repository.clone(),
@@ -246,6 +265,13 @@ impl Inner {
                 return Err(ImageError::Corrupt(format!(
                     "manifest {} of {image} failed verification: content hashes to {digest}",
                     chosen.digest
+                )));
+            }
+            if body.len() as u64 != declared {
+                return Err(ImageError::Corrupt(format!(
+                    "manifest {} of {image} has {} bytes, its index says {declared}",
+                    chosen.digest,
+                    body.len()
                 )));
             }
             self.content
@@ -274,13 +300,21 @@ impl Inner {
         }
     }
 
-    /// Fetches a small blob (the config) into memory and the content store.
-    async fn fetch_small_blob(
+    /// Fetches the config into memory and the content store: its declared size is checked
+    /// against [`manifest::MAX_CONFIG_BYTES`] first, and the download stops as soon as more
+    /// bytes than declared arrive.
+    async fn fetch_config(
         &self,
         image: &ImageRef,
         resolved: &Resolved,
         desc: &Descriptor,
     ) -> Result<Vec<u8>, ImageError> {
+        let declared = manifest::bounded_size(
+            &image.to_string(),
+            "config",
+            desc,
+            manifest::MAX_CONFIG_BYTES,
+        )?;
         if let Ok(bytes) = self.content.read(&desc.digest) {
             return Ok(bytes);
         }
@@ -288,12 +322,38 @@ impl Inner {
             .clients
             .client_for(&resolved.endpoint, &resolved.creds, image)
             .map_err(ImageError::InvalidArgument)?;
-        let mut buf = Vec::with_capacity(desc.size.max(0) as usize);
-        client
-            .pull_blob(&reference, &oci_descriptor(desc), &mut buf)
+        let mut stream = client
+            .pull_blob_stream(&reference, &oci_descriptor(desc))
             .await
-            .map_err(|e| registry_error(image, &format!("fetching blob {}", desc.digest), e))?;
-        if buf.len() as i64 != desc.size {
+            .map_err(|e| registry_error(image, &format!("fetching config {}", desc.digest), e))?;
+        let mut buf = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                let text = error_chain(&e);
+                let digest_failed = e
+                    .get_ref()
+                    .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
+                if digest_failed || text.contains("Invalid digest") {
+                    ImageError::Corrupt(format!(
+                        "config {} of {image} failed verification: {text}",
+                        desc.digest
+                    ))
+                } else {
+                    ImageError::Unavailable {
+                        registry: image.registry.clone(),
+                        reason: format!("downloading config {}: {text}", desc.digest),
+                    }
+                }
+            })?;
+            if (buf.len() + chunk.len()) as u64 > declared {
+                return Err(ImageError::Corrupt(format!(
+                    "config {} of {image} is larger than the {declared} bytes its manifest declares",
+                    desc.digest
+                )));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if buf.len() as u64 != declared {
             return Err(ImageError::Corrupt(format!(
                 "blob {} of {image} has {} bytes, the manifest says {}",
                 desc.digest,
@@ -322,7 +382,7 @@ impl Inner {
         let _gc_guard = self.gc_lock.read().await;
         let resolved = self.resolve(&image, &creds).await?;
         let config_bytes = self
-            .fetch_small_blob(&image, &resolved, &resolved.config)
+            .fetch_config(&image, &resolved, &resolved.config)
             .await?;
         let shown = image.to_string();
         let config = manifest::parse_config(&shown, &config_bytes)?;
@@ -478,6 +538,8 @@ impl Inner {
 
         let (tx, rx) = mpsc::channel::<Bytes>(32);
         let image_name = image.to_string();
+        let layer_name = desc.digest.clone();
+        let max_bytes = self.max_unpacked_layer_bytes;
         let unpacker = tokio::task::spawn_blocking(move || {
             unpack_stream(
                 ChannelReader::new(rx),
@@ -485,6 +547,8 @@ impl Inner {
                 &dest,
                 &tape,
                 &image_name,
+                &layer_name,
+                max_bytes,
             )
         });
 
@@ -492,6 +556,7 @@ impl Inner {
         let mut received: u64 = 0;
         let expected = desc.size.max(0) as u64;
         let mut stream_error = None;
+        let mut unpacker_stopped = false;
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
                 Ok(c) => c,
@@ -533,13 +598,18 @@ impl Inner {
                 .pull_bytes
                 .inc_by(chunk.len() as u64);
             if tx.send(chunk).await.is_err() {
-                break; // the unpacker stopped: its error is reported below
+                unpacker_stopped = true; // its error is reported below
+                break;
             }
         }
         drop(tx);
         let unpacked = unpacker
             .await
             .map_err(|e| ImageError::internal("unpack task", e))?;
+        // An unpacker that refused the layer stopped the download: its reason comes first.
+        if unpacker_stopped && let Err(e) = unpacked {
+            return Err(e);
+        }
         if let Some(e) = stream_error {
             return Err(e);
         }
@@ -629,7 +699,9 @@ pub(super) fn image_record(
     let (uid, username) = user
         .map(|u| manifest::image_user(&u))
         .unwrap_or((None, String::new()));
-    let size = config.size.max(0) as u64 + layers.iter().map(|l| l.size.max(0) as u64).sum::<u64>();
+    let size = layers.iter().fold(config.size.max(0) as u64, |sum, l| {
+        sum.saturating_add(l.size.max(0) as u64)
+    });
     let now = crate::util::unix_now();
     ImageRecord {
         id: config.digest.clone(),
@@ -658,30 +730,35 @@ fn oci_descriptor(d: &Descriptor) -> oci_client::manifest::OciDescriptor {
 }
 
 /// Decompresses and unpacks, with the layer's tape, returning the diff id (sha256 of the
-/// uncompressed tar).
+/// uncompressed tar). `layer` names the layer in errors; `max_bytes` bounds what it may unpack
+/// to (0: no limit).
 pub(super) fn unpack_stream(
     reader: impl Read,
     compression: Compression,
     dest: &std::path::Path,
     tape: &std::path::Path,
     image: &str,
+    layer: &str,
+    max_bytes: u64,
 ) -> Result<String, ImageError> {
     let buffered = std::io::BufReader::with_capacity(256 * 1024, reader);
     let (_stats, diff_id) =
-        unpack::unpack_layer_with_diff_id(buffered, compression, dest, Some(tape))
+        unpack::unpack_layer_limited(buffered, compression, dest, Some(tape), max_bytes)
             .inspect(|_| {
                 crate::metrics::prometheus::runtime().layers_unpacked.inc();
             })
             .map_err(|e| match e {
-                unpack::UnpackError::Escape { .. } => ImageError::Hostile {
+                unpack::UnpackError::Escape { .. }
+                | unpack::UnpackError::ExtensionTooLarge(_)
+                | unpack::UnpackError::TooLarge { .. } => ImageError::Hostile {
                     image: image.to_string(),
-                    reason: e.to_string(),
+                    reason: format!("layer {layer}: {e}"),
                 },
                 unpack::UnpackError::Invalid { .. } | unpack::UnpackError::Corrupt { .. } => {
-                    ImageError::Corrupt(format!("image {image}: unpacking layer: {e}"))
+                    ImageError::Corrupt(format!("image {image}: unpacking layer {layer}: {e}"))
                 }
                 // Disk trouble (full, read-only, I/O error) is Berth's side, not the image's.
-                e => ImageError::Internal(format!("image {image}: unpacking layer: {e}")),
+                e => ImageError::Internal(format!("image {image}: unpacking layer {layer}: {e}")),
             })?;
     Ok(diff_id)
 }

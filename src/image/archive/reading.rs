@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use super::super::ImageError;
 use super::super::manager::Inner;
 use super::super::pull::{EXTRACT_PREFIX, unpack_stream};
+use super::super::tar_guard::{self, TarGuard};
 use super::super::unpack::Compression;
 
 /// Files whose content is kept in memory are at most this large.
@@ -194,13 +195,19 @@ impl Inner {
             ),
             Compression::None => Box::new(buffered),
         };
-        let mut archive = tar::Archive::new(stream);
+        let mut archive = tar::Archive::new(TarGuard::new(stream));
         let entries = archive
             .entries()
             .map_err(|e| corrupt("reading".into(), e))?;
         let mut kept: u64 = 0;
         for (index, entry) in entries.enumerate() {
             let mut entry = entry.map_err(|e| {
+                if tar_guard::refusal(&e).is_some() {
+                    return ImageError::Hostile {
+                        image: format!("archive {name}"),
+                        reason: e.to_string(),
+                    };
+                }
                 corrupt(
                     format!(
                         "reading the header of entry #{} (truncated or not a tar?)",
@@ -305,7 +312,15 @@ impl Inner {
             count: 0,
         };
         let shown = format!("archive {name}, entry {entry_name}");
-        let unpacked = unpack_stream(&mut hashing, compression, &dest, &tape, &shown);
+        let unpacked = unpack_stream(
+            &mut hashing,
+            compression,
+            &dest,
+            &tape,
+            &format!("archive {name}"),
+            &format!("entry {entry_name}"),
+            self.max_unpacked_layer_bytes,
+        );
         // What the unpacker left unread (trailing bytes after the tar) still counts.
         if let Err(e) = io::copy(&mut hashing, &mut io::sink()) {
             self.discard_snapshot(&key);

@@ -19,6 +19,8 @@ use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
+use crate::image::tar_guard::{self, TarGuard};
+
 /// Capacity of the buffers around the compressed input and the decompressed tar stream.
 const STREAM_BUFFER: usize = 256 * 1024;
 /// Decompressed chunks (of [`STREAM_BUFFER`] bytes) queued between the decompressing thread and
@@ -31,6 +33,8 @@ const COPY_BUFFER: usize = 256 * 1024;
 /// This bounds the directory descriptors held open while walking (and while
 /// removing a replaced directory tree) to a small, fixed number.
 pub const MAX_PATH_DEPTH: usize = 256;
+/// What each entry counts against a layer's size limit besides its content: a header block.
+const ENTRY_CHARGE: u64 = 512;
 /// Mode of parent directories that the layer does not list but that must exist.
 const IMPLICIT_DIR_MODE: u32 = 0o755;
 
@@ -147,6 +151,14 @@ pub enum UnpackError {
     /// The destination directory cannot be opened.
     #[error("layer directory {}: {source}", path.display())]
     Destination { path: PathBuf, source: io::Error },
+    /// A GNU long name/link or PAX record larger than the tar guard allows.
+    #[error("refused before reading it: {0}")]
+    ExtensionTooLarge(#[from] crate::image::tar_guard::ExtensionTooLarge),
+    /// The layer unpacks to more than the limit it was given.
+    #[error(
+        "layer entry {entry}: the layer unpacks to more than the {limit} bytes allowed (images.max_unpacked_layer_bytes)"
+    )]
+    TooLarge { entry: String, limit: u64 },
 }
 
 /// Unpacks one layer blob into `dest`, an empty directory that becomes an overlayfs lower or
@@ -187,7 +199,7 @@ pub fn unpack_layer<R: Read>(
     compression: Compression,
     dest: &Path,
 ) -> Result<UnpackStats, UnpackError> {
-    unpack(reader, compression, dest, None, None)
+    unpack(reader, compression, dest, None, None, 0)
 }
 
 /// Like [`unpack_layer`], and also returns the layer's diff ID (`sha256:<hex>` of the
@@ -200,8 +212,30 @@ pub fn unpack_layer_with_diff_id<R: Read>(
     dest: &Path,
     tape: Option<&Path>,
 ) -> Result<(UnpackStats, String), UnpackError> {
+    unpack_layer_limited(reader, compression, dest, tape, 0)
+}
+
+/// Like [`unpack_layer_with_diff_id`], refusing the layer with [`UnpackError::TooLarge`] once
+/// it would write more than `max_bytes` (0: no limit). What counts is every regular file's
+/// content (holes of sparse files included: they are written out) and 512 bytes for each
+/// entry, so neither one huge file nor millions of empty ones get past it. A file that would
+/// cross the limit is refused before any of its content is written.
+pub fn unpack_layer_limited<R: Read>(
+    reader: R,
+    compression: Compression,
+    dest: &Path,
+    tape: Option<&Path>,
+    max_bytes: u64,
+) -> Result<(UnpackStats, String), UnpackError> {
     let mut hasher = Sha256::new();
-    let stats = unpack(reader, compression, dest, Some(&mut hasher), tape)?;
+    let stats = unpack(
+        reader,
+        compression,
+        dest,
+        Some(&mut hasher),
+        tape,
+        max_bytes,
+    )?;
     Ok((stats, format!("sha256:{}", hex::encode(hasher.finalize()))))
 }
 
@@ -211,6 +245,7 @@ fn unpack<R: Read>(
     dest: &Path,
     hasher: Option<&mut Sha256>,
     tape: Option<&Path>,
+    max_bytes: u64,
 ) -> Result<UnpackStats, UnpackError> {
     let source_failed = AtomicBool::new(false);
     let source = BufReader::with_capacity(
@@ -221,12 +256,13 @@ fn unpack<R: Read>(
         },
     );
     match compression {
-        Compression::None => pipeline(source, dest, hasher, tape, &source_failed),
+        Compression::None => pipeline(source, dest, hasher, tape, max_bytes, &source_failed),
         Compression::Gzip => pipeline(
             flate2::bufread::MultiGzDecoder::new(source),
             dest,
             hasher,
             tape,
+            max_bytes,
             &source_failed,
         ),
         Compression::Zstd => {
@@ -236,7 +272,7 @@ fn unpack<R: Read>(
                     source,
                 }
             })?;
-            pipeline(decoder, dest, hasher, tape, &source_failed)
+            pipeline(decoder, dest, hasher, tape, max_bytes, &source_failed)
         }
     }
 }
@@ -249,6 +285,7 @@ fn pipeline<S: Read>(
     dest: &Path,
     hasher: Option<&mut Sha256>,
     tape: Option<&Path>,
+    max_bytes: u64,
     source_failed: &AtomicBool,
 ) -> Result<UnpackStats, UnpackError> {
     let (chunks_tx, chunks_rx) = mpsc::sync_channel(PIPELINE_CHUNKS);
@@ -266,7 +303,7 @@ fn pipeline<S: Read>(
                     pos: 0,
                     failed: false,
                 };
-                unpack_tar(chunks, dest, tape, source_failed)
+                unpack_tar(chunks, dest, tape, max_bytes, source_failed)
             });
         match worker {
             Ok(worker) => {
@@ -285,7 +322,7 @@ fn pipeline<S: Read>(
                         hasher,
                     },
                 );
-                unpack_tar(stream, dest, tape, source_failed)
+                unpack_tar(stream, dest, tape, max_bytes, source_failed)
             }
         }
     })
@@ -376,6 +413,7 @@ fn unpack_tar<S: Read>(
     stream: S,
     dest: &Path,
     tape: Option<&Path>,
+    max_bytes: u64,
     source_failed: &AtomicBool,
 ) -> Result<UnpackStats, UnpackError> {
     let recorder = match tape {
@@ -388,8 +426,9 @@ fn unpack_tar<S: Read>(
         None => None,
     };
     let mut unpacker = Unpacker::new(dest, recorder.as_ref())?;
+    unpacker.max_bytes = max_bytes;
     let mut archive = tar::Archive::new(tape::RecordingReader {
-        inner: stream,
+        inner: TarGuard::new(stream),
         recorder: recorder.as_ref(),
     });
     let entries = archive
@@ -471,6 +510,13 @@ impl<R: Read> Read for DigestReader<'_, R> {
 /// A failure while reading the (decompressed) stream: the blob's own reader failing is
 /// [`UnpackError::Read`], anything else (decoder, tar parser, early end) is corruption.
 fn stream_error(source_failed: &AtomicBool, context: String, source: io::Error) -> UnpackError {
+    if let Some(refused) = tar_guard::refusal(&source) {
+        return UnpackError::ExtensionTooLarge(tar_guard::ExtensionTooLarge {
+            kind: refused.kind,
+            size: refused.size,
+            offset: refused.offset,
+        });
+    }
     if source_failed.load(Ordering::Relaxed) {
         UnpackError::Read { context, source }
     } else {
@@ -1009,6 +1055,9 @@ struct Unpacker<'t> {
     skipped_xattrs: BTreeSet<Vec<u8>>,
     buf: Vec<u8>,
     stats: UnpackStats,
+    /// The most the layer may write (0: no limit), and what it has used of it.
+    max_bytes: u64,
+    charged: u64,
 }
 
 impl<'t> Unpacker<'t> {
@@ -1033,6 +1082,8 @@ impl<'t> Unpacker<'t> {
             skipped_xattrs: BTreeSet::new(),
             buf: vec![0; COPY_BUFFER],
             stats: UnpackStats::default(),
+            max_bytes: 0,
+            charged: 0,
         })
     }
 
@@ -1052,6 +1103,7 @@ impl<'t> Unpacker<'t> {
             debug!(entry = %lossy(&raw), ?kind, "skipping archive metadata entry");
             return Ok(false);
         }
+        self.charge(&raw, ENTRY_CHARGE)?;
         let components = split_path(&raw).map_err(|problem| match problem {
             PathProblem::Escape(reason) => escape(&raw, reason),
             PathProblem::Invalid(reason) => invalid(&raw, reason),
@@ -1133,6 +1185,18 @@ impl<'t> Unpacker<'t> {
         Ok(true)
     }
 
+    /// Counts `bytes` against the layer's limit, refusing the entry that would cross it.
+    fn charge(&mut self, raw: &[u8], bytes: u64) -> Result<(), UnpackError> {
+        self.charged = self.charged.saturating_add(bytes);
+        if self.max_bytes > 0 && self.charged > self.max_bytes {
+            return Err(UnpackError::TooLarge {
+                entry: lossy(raw),
+                limit: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
     fn root_entry(
         &mut self,
         kind: tar::EntryType,
@@ -1183,6 +1247,9 @@ impl<'t> Unpacker<'t> {
         meta: &Meta,
         source_failed: &AtomicBool,
     ) -> Result<(), UnpackError> {
+        // Sparse files count at their full size: the holes are written out.
+        let expected = entry.size();
+        self.charge(t.raw, expected)?;
         let parent = self.dirs.resolve(t.parent, t.raw)?;
         let flags =
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -1196,7 +1263,6 @@ impl<'t> Unpacker<'t> {
             || rfs::openat(parent, t.name, flags, Mode::from_raw_mode(0o600)),
         )?;
         let mut file = File::from(fd);
-        let expected = entry.size();
         if let Some(tape) = self.tape
             && !entry.header().entry_type().is_gnu_sparse()
         {

@@ -982,7 +982,7 @@ fn single_thread_fallback_path() {
         inner: tar.as_slice(),
         hasher: Some(&mut hasher),
     };
-    let stats = unpack_tar(stream, &dir.layer(), None, &AtomicBool::new(false)).unwrap();
+    let stats = unpack_tar(stream, &dir.layer(), None, 0, &AtomicBool::new(false)).unwrap();
     assert_eq!(
         stats,
         UnpackStats {
@@ -1302,4 +1302,90 @@ fn a_changed_or_missing_file_fails_the_replay() {
         TapeReader::open(&dir.root.join("tape"), &dir.layer()),
         Err(TapeError::Corrupt { .. })
     ));
+}
+
+#[test]
+fn oversized_extension_records_are_refused_before_their_data() {
+    let dir = TestDir::new("ext-too-large");
+    // A 1.5 GiB long name declared, 4 KiB behind it: refused at its header.
+    let mut tar = header(EntryType::GNULongName, 0o644, 3 << 29)
+        .as_bytes()
+        .to_vec();
+    tar.extend_from_slice(&[b'n'; 4096]);
+    match unpack_tar_bytes(&tar, &dir.layer()) {
+        Err(UnpackError::ExtensionTooLarge(refused)) => {
+            assert_eq!((refused.kind, refused.size), ("GNU long name", 3 << 29))
+        }
+        other => panic!("{other:?}"),
+    }
+    let value = vec![b'v'; 2 << 20];
+    let tar = Layer::new()
+        .pax(&[("SCHILY.xattr.user.big", &value)])
+        .file("f", b"x")
+        .finish();
+    assert!(matches!(
+        unpack_tar_bytes(&tar, &dir.layer()),
+        Err(UnpackError::ExtensionTooLarge(_))
+    ));
+}
+
+#[test]
+fn a_layer_past_its_size_limit_is_refused() {
+    let tar = Layer::new()
+        .file("small", &[1u8; 1000])
+        .file("big", &vec![0u8; 64 * 1024])
+        .finish();
+    let blob = zstd_compress(&tar);
+    let dir = TestDir::new("too-large");
+    match unpack_layer_limited(&blob[..], Compression::Zstd, &dir.layer(), None, 32 * 1024) {
+        Err(UnpackError::TooLarge { entry, limit }) => {
+            assert_eq!((entry.as_str(), limit), ("big", 32 * 1024));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Refused before it was created.
+    assert!(fs::symlink_metadata(dir.path("big")).is_err());
+
+    let dir = TestDir::new("within-limit");
+    let (stats, _) =
+        unpack_layer_limited(&blob[..], Compression::Zstd, &dir.layer(), None, 1 << 20).unwrap();
+    assert_eq!(stats.bytes, 1000 + 64 * 1024);
+
+    // Many empty files count too.
+    let mut many = Layer::new();
+    for i in 0..100 {
+        many = many.file(&format!("e{i}"), b"");
+    }
+    let dir = TestDir::new("many-entries");
+    assert!(matches!(
+        unpack_layer_limited(
+            &many.finish()[..],
+            Compression::None,
+            &dir.layer(),
+            None,
+            10 * 512
+        ),
+        Err(UnpackError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn sparse_holes_count_against_the_limit() {
+    // A GNU sparse file of 1 GiB whose archive holds one 512-byte block.
+    let mut h = header(EntryType::GNUSparse, 0o644, 512);
+    h.set_path("sparse").unwrap();
+    let gnu = h.as_gnu_mut().unwrap();
+    gnu.sparse[0].offset = *b"07777777000\0";
+    gnu.sparse[0].numbytes = *b"00000001000\0";
+    gnu.set_real_size(1 << 30);
+    h.set_cksum();
+    let mut tar = h.as_bytes().to_vec();
+    tar.extend_from_slice(&[b's'; 512]);
+    tar.extend_from_slice(&[0; 1024]);
+    let dir = TestDir::new("sparse-limit");
+    assert!(matches!(
+        unpack_layer_limited(&tar[..], Compression::None, &dir.layer(), None, 1 << 20),
+        Err(UnpackError::TooLarge { .. })
+    ));
+    assert!(fs::symlink_metadata(dir.path("sparse")).is_err());
 }
