@@ -1,7 +1,9 @@
-//! The agent and the CRI runtime: the configs it sends, the labels it sets, the relist it reads.
+//! The agent and the CRI runtime: the configs it sends (and the runAsNonRoot check before
+//! them), the labels it sets, the relist it reads.
 
 pub mod container_config;
 pub mod labels;
+pub mod non_root;
 pub mod relist;
 pub mod resources;
 pub mod sandbox_config;

@@ -3,15 +3,16 @@
 //! downwardAPI (and projected volumes of downwardAPI sources: files written under the pod's
 //! directory, mounted read-only), volumes of API objects (configMap, secret, projected: read by
 //! `objects`, written by `atomic`, secrets and tokens on a tmpfs), and the CRI mounts of each
-//! container's volumeMounts.
+//! container's volumeMounts (subPaths through `subpath`'s binds).
 
 pub mod atomic;
 pub mod downward;
 pub mod objects;
+pub mod subpath;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{
@@ -83,6 +84,8 @@ struct PreparedVolume {
 #[derive(Debug, Clone, Default)]
 pub struct PreparedVolumes {
     by_name: HashMap<String, PreparedVolume>,
+    /// The pod's directory (where the binds of subPaths go).
+    pod_dir: PathBuf,
 }
 
 impl PreparedVolumes {
@@ -143,7 +146,10 @@ pub fn write_object_volume(
 /// Makes the pod's volumes ready (downward API files written afresh, volumes of API objects
 /// from `api`); returns where each is.
 pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<PreparedVolumes, String> {
-    let mut prepared = PreparedVolumes::default();
+    let mut prepared = PreparedVolumes {
+        pod_dir: pod_dir.to_path_buf(),
+        ..Default::default()
+    };
     let volumes = pod
         .spec
         .as_ref()
@@ -298,29 +304,57 @@ fn is_mount_point(dir: &Path) -> bool {
     std::fs::metadata(parent).is_ok_and(|p| p.dev() != m.dev())
 }
 
-/// The CRI mounts of `c`'s volumeMounts.
-pub fn mounts(c: &Container, volumes: &PreparedVolumes) -> Result<Vec<cri::Mount>, String> {
+/// Why a container's mounts could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountError {
+    /// A subPath (or subPathExpr) refused or not made ready: the kubelet's
+    /// CreateContainerConfigError.
+    SubPath(String),
+    /// A volumeMount naming no volume of the pod.
+    Volume(String),
+}
+
+/// The CRI mounts of `c`'s volumeMounts; `env` is the container's environment (for
+/// subPathExpr). A subPath is made ready by [`subpath::prepare`] and the runtime gets the path
+/// of its bind, never a path inside the volume.
+pub fn mounts(
+    c: &Container,
+    volumes: &PreparedVolumes,
+    env: &[cri::KeyValue],
+) -> Result<Vec<cri::Mount>, MountError> {
     let mut out = Vec::new();
-    for vm in c.volume_mounts.iter().flatten() {
+    for (index, vm) in c.volume_mounts.iter().flatten().enumerate() {
         let Some(volume) = volumes.by_name.get(&vm.name) else {
-            return Err(format!("volumeMount {:?}: no such volume", vm.name));
+            return Err(MountError::Volume(format!(
+                "volumeMount {:?}: no such volume",
+                vm.name
+            )));
         };
-        let base = &volume.path;
-        let mut host = base.clone();
-        if let Some(sub) = vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            let rel = Path::new(sub);
-            if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) {
-                return Err(format!(
-                    "volumeMount {:?}: subPath {sub:?} must be relative and stay inside the volume",
-                    vm.name
-                ));
-            }
-            host = base.join(rel);
-            if !host.exists() {
-                std::fs::create_dir_all(&host)
-                    .map_err(|e| format!("volumeMount {:?}: creating subPath: {e}", vm.name))?;
-            }
-        }
+        // subPathExpr, when given, is the subPath (as the kubelet reads it).
+        let sub = match vm.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+            Some(expr) => subpath::expand(expr, |name| {
+                env.iter()
+                    .rev()
+                    .find(|kv| kv.key == name)
+                    .map(|kv| kv.value.clone())
+            })
+            .map_err(MountError::SubPath)?,
+            None => vm.sub_path.clone().unwrap_or_default(),
+        };
+        let host = if sub.is_empty() {
+            volume.path.clone()
+        } else {
+            subpath::prepare(&subpath::SubPath {
+                volume_root: &volume.path,
+                volume: &vm.name,
+                sub_path: &sub,
+                mount_name: &vm.name,
+                container: &c.name,
+                index,
+                pod_dir: &volumes.pod_dir,
+            })
+            .map_err(MountError::SubPath)?
+        };
         let propagation = match vm.mount_propagation.as_deref() {
             Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
             Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
@@ -337,10 +371,11 @@ pub fn mounts(c: &Container, volumes: &PreparedVolumes) -> Result<Vec<cri::Mount
     Ok(out)
 }
 
-/// Unmounts the pod's memory-backed (tmpfs) volumes (emptyDirs of the Memory medium, secrets,
-/// projected volumes), freeing their pages; the directories stay. A later [`prepare`] mounts a
-/// fresh, empty tmpfs again.
+/// Unmounts the binds of the pod's subPaths (which hold their volumes), then its memory-backed
+/// (tmpfs) volumes (emptyDirs of the Memory medium, secrets, projected volumes), freeing their
+/// pages; the volumes' directories stay. A later [`prepare`] mounts a fresh, empty tmpfs again.
 pub fn unmount_memory_volumes(pod_dir: &Path) {
+    subpath::unmount_all(pod_dir);
     for kind in [
         "empty-dir",
         "kubernetes.io~secret",
@@ -360,9 +395,16 @@ pub fn unmount_memory_volumes(pod_dir: &Path) {
     }
 }
 
-/// Unmounts the pod's memory-backed volumes and removes its directory.
+/// Unmounts the pod's subPath binds and memory-backed volumes and removes its directory, unless
+/// something is still mounted under it: the removal would go down into the mount (a subPath
+/// bind of a hostPath is a host directory) and delete what it holds.
 pub fn cleanup(pod_dir: &Path) {
     unmount_memory_volumes(pod_dir);
+    let left = subpath::mounts_under(pod_dir);
+    if !left.is_empty() {
+        tracing::warn!(dir = %pod_dir.display(), mounts = ?left, "the pod's directory still holds mounts: not removed");
+        return;
+    }
     if let Err(e) = std::fs::remove_dir_all(pod_dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
@@ -442,8 +484,14 @@ mod tests {
                 },
             )]
             .into(),
+            pod_dir: PathBuf::from("/nonexistent"),
         };
-        assert!(mounts(&c, &volumes).is_err());
+        assert_eq!(
+            mounts(&c, &volumes, &[]),
+            Err(MountError::SubPath(
+                "unable to provision SubPath `../x`: must not contain '..'".into()
+            ))
+        );
     }
 
     #[test]
@@ -476,7 +524,7 @@ mod tests {
         assert_eq!(read(info.join("sub/labels")), "a=\"1\"\nb=\"2\"");
         assert_eq!(read(volumes.path("proj").expect("proj").join("mem")), "16");
         let c = &pod.spec.as_ref().expect("spec").containers[0];
-        let m = mounts(c, &volumes).expect("mounts");
+        let m = mounts(c, &volumes, &[]).expect("mounts");
         assert!(m.iter().all(|m| m.readonly), "{m:?}");
         let _ = std::fs::remove_dir_all(&pod_dir);
     }

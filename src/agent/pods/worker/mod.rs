@@ -21,12 +21,13 @@ use crate::agent::cluster::events::EventType;
 use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use crate::agent::runtime::container_config::{ContainerContext, container_config};
 use crate::agent::runtime::labels;
+use crate::agent::runtime::non_root;
 use crate::agent::runtime::sandbox_config::{ClusterDns, missing_cluster_dns};
 use crate::agent::runtime::sandbox_config::{log_directory, sandbox_config};
 use crate::agent::sources::manifest::DesiredPod;
 use crate::agent::volumes::downward::NodeAllocatable;
 use crate::agent::volumes::objects::ApiObjects;
-use crate::agent::volumes::{ApiVolumeFiles, PreparedVolumes};
+use crate::agent::volumes::{ApiVolumeFiles, MountError, PreparedVolumes};
 
 /// Probes of one running container instance.
 struct Probes {
@@ -736,13 +737,27 @@ impl PodWorker {
                 return;
             }
         };
-        let mounts = self
-            .prepared_volumes()
-            .await
-            .and_then(|paths| crate::agent::volumes::mounts(c, paths));
+        let mounts = match self.prepared_volumes().await {
+            Ok(paths) => crate::agent::volumes::mounts(c, paths, &config.envs),
+            Err(e) => Err(MountError::Volume(e)),
+        };
         match mounts {
             Ok(m) => config.mounts = m,
-            Err(e) => {
+            // A subPath refused (leaving its volume) or not made ready: the kubelet's config
+            // error, as for the rest of the container's config.
+            Err(MountError::SubPath(e)) => {
+                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "subPath refused");
+                self.event(
+                    Some(&c.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {e}"),
+                );
+                self.set_waiting(&c.name, "CreateContainerConfigError", e);
+                self.create_failed.insert(c.name.clone(), now);
+                return;
+            }
+            Err(MountError::Volume(e)) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "volume setup failed");
                 self.set_waiting(
                     &c.name,
@@ -752,6 +767,18 @@ impl PodWorker {
                 self.create_failed.insert(c.name.clone(), now);
                 return;
             }
+        }
+        if let Err(e) = self.check_non_root(c, &image).await {
+            tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "runAsNonRoot refused");
+            self.event(
+                Some(&c.name),
+                EventType::Warning,
+                "Failed",
+                format!("Error: {e}"),
+            );
+            self.set_waiting(&c.name, "CreateContainerConfigError", e);
+            self.create_failed.insert(c.name.clone(), now);
+            return;
         }
         if !super::userns::host_users(self.pod()) && self.userns.is_none() {
             // A sandbox adopted after a restart: its range, as recorded.
@@ -874,6 +901,34 @@ impl PodWorker {
         } else {
             self.tracks.entry(c.name.clone()).or_default();
         }
+    }
+
+    /// The kubelet's `runAsNonRoot` check of `c`, to run image `image`: without a `runAsUser`
+    /// the image's user decides, as the runtime's ImageStatus reports it.
+    async fn check_non_root(&self, c: &Container, image: &str) -> Result<(), String> {
+        let (uid, username) = if non_root::needs_image_user(self.pod(), c) {
+            let status = self
+                .ctx
+                .client
+                .images()
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.to_string(),
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                })
+                .await
+                .map_err(|e| format!("failed to get image status {image:?}: {}", e.message()))?;
+            // An image the runtime does not describe runs as root.
+            match status.into_inner().image {
+                Some(i) => (i.uid.map(|u| u.value), i.username),
+                None => (None, String::new()),
+            }
+        } else {
+            (None, String::new())
+        };
+        non_root::verify(self.pod(), c, &self.pod_ref(), uid, &username)
     }
 
     /// The pod's volumes, made ready on first use for the current sandbox and kept (a failure
