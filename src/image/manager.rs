@@ -20,7 +20,7 @@ use super::content::ContentStore;
 use super::manifest::Descriptor;
 use super::pull::EXTRACT_PREFIX;
 use super::reference::ImageRef;
-use super::registry::{Clients, Credentials};
+use super::registry::{Clients, Credentials, PullAuth};
 use crate::config::Config;
 use crate::metrics::DiskCache;
 use crate::store::{ImageRecord, Store};
@@ -182,18 +182,21 @@ impl ImageManager {
     }
 
     /// Pulls `reference`, sharing the work with a concurrent pull of the same reference.
+    /// `creds` (from the request) are sent to the image's registry only.
     pub async fn pull(&self, reference: &str, creds: Credentials) -> Result<ImageView, ImageError> {
+        self.pull_with_auth(reference, creds, "").await
+    }
+
+    /// Like [`Self::pull`], with `creds` given for `server_address` (a CRI
+    /// `AuthConfig.server_address`; empty: the image's registry): see [`PullAuth`].
+    pub async fn pull_with_auth(
+        &self,
+        reference: &str,
+        creds: Credentials,
+        server_address: &str,
+    ) -> Result<ImageView, ImageError> {
         let image = ImageRef::parse(reference)?;
-        let creds = match creds {
-            Credentials::Anonymous => {
-                super::node_auth::credentials_for(&self.inner.registry_config, &image.registry)
-                    .map_err(|e| ImageError::AuthFailed {
-                        registry: image.registry.clone(),
-                        reason: e.to_string(),
-                    })?
-            }
-            given => given,
-        };
+        let creds = PullAuth::new(creds, server_address, &image.registry);
         let key = format!("{image}|{creds:?}");
         let fut = {
             let mut inflight = self

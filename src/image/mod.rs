@@ -15,7 +15,7 @@ pub mod unpack;
 
 pub use manager::{ImageFsUsage, ImageManager, ImageView, LayerProgress, PullProgress};
 pub use pull::ChannelReader;
-pub use registry::Credentials;
+pub use registry::{Credentials, PullAuth};
 
 /// Why an image operation failed; each maps to one gRPC status code in `cri/`.
 #[derive(Debug, thiserror::Error)]

@@ -115,7 +115,7 @@ fn to_credentials(
 
 /// The registry host a `config.json` key names: `https://index.docker.io/v1/` → `docker.io`,
 /// `http://host:5000/x` → `host:5000`.
-fn docker_key_host(key: &str) -> &str {
+pub fn docker_key_host(key: &str) -> &str {
     let rest = key
         .strip_prefix("https://")
         .or_else(|| key.strip_prefix("http://"))

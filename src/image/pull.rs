@@ -21,7 +21,7 @@ use super::hosts::Endpoint;
 use super::manager::{Inner, PullProgress};
 use super::manifest::{self, Descriptor, Document};
 use super::reference::ImageRef;
-use super::registry::Credentials;
+use super::registry::{Credentials, PullAuth};
 use super::unpack::{self, Compression};
 use crate::store::ImageRecord;
 
@@ -193,8 +193,9 @@ impl Inner {
         Ok((body, actual))
     }
 
-    /// Resolves `image` on the first endpoint that answers.
-    async fn resolve(&self, image: &ImageRef, creds: &Credentials) -> Result<Resolved, ImageError> {
+    /// Resolves `image` on the first endpoint that answers, sending each endpoint the
+    /// credentials `auth` holds for its host.
+    async fn resolve(&self, image: &ImageRef, auth: &PullAuth) -> Result<Resolved, ImageError> {
         let endpoints = super::hosts::endpoints_for(&image.registry, &self.registry_config)
             .map_err(|e| ImageError::InvalidArgument(e.to_string()))?;
         let mut last_err = None;
@@ -207,7 +208,17 @@ impl Inner {
             if !can {
                 continue;
             }
-            match self.resolve_on(image, &ep, creds).await {
+            let creds = match auth.for_host(&ep.host, &self.registry_config) {
+                Ok(creds) => creds,
+                Err(e) => {
+                    last_err = Some(ImageError::AuthFailed {
+                        registry: ep.host.clone(),
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            match self.resolve_on(image, &ep, &creds).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     tracing::debug!(image = %image, endpoint = %ep.host, error = %e, "endpoint failed");
@@ -376,11 +387,11 @@ impl Inner {
     pub(super) async fn pull(
         self: Arc<Self>,
         image: ImageRef,
-        creds: Credentials,
+        auth: PullAuth,
         progress: Arc<PullProgress>,
     ) -> Result<ImageRecord, ImageError> {
         let _gc_guard = self.gc_lock.read().await;
-        let resolved = self.resolve(&image, &creds).await?;
+        let resolved = self.resolve(&image, &auth).await?;
         let config_bytes = self
             .fetch_config(&image, &resolved, &resolved.config)
             .await?;

@@ -34,6 +34,47 @@ impl Credentials {
     }
 }
 
+/// The credentials of one pull request and the registry host they were given for: they go to
+/// that host only, never to a mirror or another server the registry's `hosts.toml` names
+/// (containerd, too, sends a CRI `AuthConfig` only to the host its `server_address` names).
+/// Every other endpoint gets the node's own credentials for its host, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PullAuth {
+    /// Credentials from the request (Anonymous when it had none).
+    pub given: Credentials,
+    /// `host[:port]` they belong to.
+    pub host: String,
+}
+
+impl PullAuth {
+    /// `given` for `server_address` (a CRI `AuthConfig.server_address`: a host or a URL, as in
+    /// a docker `config.json` key) or, when that is empty, for `registry`.
+    pub fn new(given: Credentials, server_address: &str, registry: &str) -> Self {
+        let host = if server_address.trim().is_empty() {
+            registry
+        } else {
+            super::node_auth::docker_key_host(server_address.trim())
+        };
+        Self {
+            given,
+            host: host.to_string(),
+        }
+    }
+
+    /// What to send to `host`: the request's credentials if they were given for it, else the
+    /// node's for `host`.
+    pub fn for_host(
+        &self,
+        host: &str,
+        node: &crate::config::RegistryConfig,
+    ) -> Result<Credentials, super::node_auth::NodeAuthError> {
+        if host == self.host && self.given != Credentials::Anonymous {
+            return Ok(self.given.clone());
+        }
+        super::node_auth::credentials_for(node, host)
+    }
+}
+
 /// Caches clients so connections and tokens are reused.
 pub struct Clients {
     connect_timeout: Duration,
@@ -95,5 +136,59 @@ impl Clients {
         let client = Client::new(config);
         cache.insert(key, client.clone());
         Ok((client, reference))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_credentials_go_only_to_their_host() {
+        let mut node = crate::config::RegistryConfig::default();
+        node.auth.insert(
+            "mirror.example:5000".into(),
+            crate::config::RegistryAuth {
+                username: "node".into(),
+                password: "node-pw".into(),
+                ..Default::default()
+            },
+        );
+        let given = Credentials::Basic("user".into(), "pw".into());
+        let auth = PullAuth::new(given.clone(), "", "registry.example");
+        assert_eq!(
+            auth.for_host("registry.example", &node).expect("origin"),
+            given
+        );
+        assert_eq!(
+            auth.for_host("other.example", &node).expect("other"),
+            Credentials::Anonymous
+        );
+        assert_eq!(
+            auth.for_host("mirror.example:5000", &node).expect("mirror"),
+            Credentials::Basic("node".into(), "node-pw".into())
+        );
+        // server_address names the host, as a URL or bare.
+        for address in ["https://mirror.example:5000/v1/", "mirror.example:5000"] {
+            let auth = PullAuth::new(given.clone(), address, "registry.example");
+            assert_eq!(
+                auth.for_host("mirror.example:5000", &node).expect("named"),
+                given
+            );
+            assert_eq!(
+                auth.for_host("registry.example", &node).expect("origin"),
+                Credentials::Anonymous
+            );
+        }
+        let docker = PullAuth::new(given.clone(), "https://index.docker.io/v1/", "docker.io");
+        assert_eq!(docker.for_host("docker.io", &node).expect("hub"), given);
+        // Without request credentials the node's hold for the registry itself too.
+        let anonymous = PullAuth::new(Credentials::Anonymous, "", "mirror.example:5000");
+        assert_eq!(
+            anonymous
+                .for_host("mirror.example:5000", &node)
+                .expect("node"),
+            Credentials::Basic("node".into(), "node-pw".into())
+        );
     }
 }
