@@ -218,13 +218,18 @@ async fn exec_refuses_a_working_directory_planted_to_lead_out() {
     let busybox = image("busybox");
     pull(&c, &busybox).await.expect("pull");
     let logs = d.dir.path().join("logs");
-    // The host's PID namespace: /proc/1/root is the host's root, the most a planted link can
-    // reach (a shared-PID pod's init has an empty root; the link there must fail as well).
+    // In the host's PID namespace the test's own process is visible: its root is the host's,
+    // the most a planted link can reach (a shared-PID pod's init has an empty root; the link
+    // there must fail as well, and so must a link through the exec's own /proc entry).
     for (tag, pid_mode, target) in [
         (
             "host-pid",
             cri::NamespaceMode::Node,
-            format!("/proc/1/root{}", marker_dir.path().display()),
+            format!(
+                "/proc/{}/root{}",
+                std::process::id(),
+                marker_dir.path().display()
+            ),
         ),
         (
             "pod-pid",
@@ -244,11 +249,11 @@ async fn exec_refuses_a_working_directory_planted_to_lead_out() {
             "planter",
             &busybox,
             &format!(
-                "cd / && rm -rf /work && ln -s {target} /work && touch /planted && exec sleep 1000"
+                "cd / && rm -rf /tmp && ln -s {target} /tmp && touch /planted && exec sleep 1000"
             ),
             pid_mode,
         );
-        cfg.working_dir = "/work".into();
+        cfg.working_dir = "/tmp".into();
         let id = run_container(&c, &pod, &pod_cfg, cfg).await;
         // Seen from the host: the container's root holds /planted once the link is there.
         let pid = container_info(&c, &id).await["pid"].as_i64().expect("pid");
@@ -270,7 +275,7 @@ async fn exec_refuses_a_working_directory_planted_to_lead_out() {
                 assert_ne!(*code, 0, "{tag}: {out}");
             }
             Err(message) => assert!(
-                message.contains("/work") && message.contains(&id),
+                message.contains("/tmp") && message.contains(&id),
                 "{tag}: the error names the directory and the container: {message}"
             ),
         }
