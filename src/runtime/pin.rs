@@ -394,18 +394,23 @@ impl Holder {
         if child == 0 {
             drop(r);
             let started = std::fs::File::open(&userns)
-                .ok()
-                .filter(|f| {
+                .map_err(|e| format!("opening {userns}: {e}"))
+                .and_then(|f| {
                     rustix::thread::move_into_link_name_space(
                         f.as_fd(),
                         Some(rustix::thread::LinkNameSpaceType::User),
                     )
-                    .is_ok()
+                    .map_err(|e| format!("entering {userns}: {e}"))
                 })
-                .and_then(|_| start_pod_init(&[]).ok());
+                .and_then(|()| become_namespace_root())
+                .and_then(|()| start_pod_init(&[]).map_err(|e| e.to_string()));
             let status = match started {
-                Some(pid) => i32::from(rustix::io::write(&w, &pid.to_ne_bytes()).is_err()),
-                None => 1,
+                Ok(pid) => i32::from(rustix::io::write(&w, &pid.to_ne_bytes()).is_err()),
+                Err(e) => {
+                    // The pin child's stderr becomes the error berthd reports.
+                    eprintln!("{e}");
+                    1
+                }
             };
             // SAFETY: _exit ends the child at once, which is all it has left to do.
             unsafe { libc::_exit(status) };
@@ -427,6 +432,28 @@ impl Holder {
         join_cgroups(init, cgroups)?;
         Ok(init)
     }
+}
+
+/// Takes uid and gid 0 of the user namespace just entered (the host's root is not mapped
+/// there), so that the pod init keeps its capabilities in that namespace across its exec, as it
+/// needs them to contain itself.
+fn become_namespace_root() -> Result<(), String> {
+    // SAFETY: setresgid/setresuid take plain ids; this forked child is single-threaded, so the
+    // credentials of the whole process change.
+    let rc = unsafe {
+        if libc::setresgid(0, 0, 0) != 0 {
+            -1
+        } else {
+            libc::setresuid(0, 0, 0)
+        }
+    };
+    if rc != 0 {
+        return Err(format!(
+            "becoming root of the pod's user namespace: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for Holder {
