@@ -200,15 +200,18 @@ async fn a_nested_subpath_is_created_and_bound_again_at_each_restart() {
     let a = Agent::start();
     // The first run exits (a restart); the second stays.
     let script = "echo run >> /ab/runs; [ $(wc -l < /ab/runs) -ge 2 ] || exit 1; sleep 3600";
-    a.write(
-        "nested.yaml",
-        &pod_with_volume(
-            "nested",
-            "",
-            script,
-            "    - name: vol\n      mountPath: /vol\n    - name: vol\n      mountPath: /ab\n      subPath: a/b\n",
-        ),
+    // Besides, one file of a downwardAPI volume through its subPath (a file bind).
+    let yaml = pod_with_volume(
+        "nested",
+        "",
+        script,
+        "    - name: vol\n      mountPath: /vol\n    - name: vol\n      mountPath: /ab\n      subPath: a/b\n    - name: info\n      mountPath: /podname\n      subPath: name\n",
+    )
+    .replace(
+        "  volumes:\n",
+        "  volumes:\n  - name: info\n    downwardAPI:\n      items:\n      - path: name\n        fieldRef: {fieldPath: metadata.name}\n",
     );
+    a.write("nested.yaml", &yaml);
     let p = a.wait_pod("default", "nested", "nested running after a restart", |p| {
         running(p, "main") && restarts(p, "main") >= 1
     });
@@ -239,6 +242,20 @@ async fn a_nested_subpath_is_created_and_bound_again_at_each_restart() {
         common::exec_ok(&c, &id, &["cat", "/vol/a/b/runs"]).await,
         "run\nrun\n"
     );
+    assert_eq!(
+        common::exec_ok(&c, &id, &["cat", "/podname"]).await,
+        "nested"
+    );
+    let name = status
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/podname")
+        .expect("the /podname mount");
+    assert_eq!(
+        Path::new(&name.host_path),
+        pod_dir.join("volume-subpaths/info/main/2")
+    );
+    assert!(Path::new(&name.host_path).is_file());
     a.finish().await;
     // The pod's directory went, its binds unmounted first.
     assert!(
