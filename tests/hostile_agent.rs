@@ -1,10 +1,14 @@
 //! Hostile pods against the agent: subPaths that try to leave their volume (a symlink planted by
 //! an init container, `..`, an absolute path), runAsNonRoot on a root image or with runAsUser 0,
-//! and the read-only status port off by default. Whatever an escape would reach is a directory
-//! the test made.
+//! and the read-only status port off by default; the planted symlink also from a pod of a real
+//! API server, with its event. Whatever an escape would reach is a directory the test made.
 
 mod agent_support;
+#[path = "agent_support/cluster_node.rs"]
+mod cluster_node;
+mod cni_support;
 mod common;
+mod kubelet_support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -405,4 +409,65 @@ fn the_read_only_port_is_off_unless_configured() {
         "{}",
         d.log()
     );
+}
+
+#[tokio::test]
+async fn a_subpath_symlink_from_an_api_pod_is_refused_with_its_event() {
+    let n = cluster_node::AgentNode::start("");
+    let host = host_dir();
+    let before = snapshot(host.path());
+    let img = image("busybox:latest");
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: escape\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  volumes:\n  - name: vol\n    emptyDir: {{}}\n  initContainers:\n  - name: plant\n    image: {img}\n    command: [ln, -s, {host:?}, /vol/escape]\n    volumeMounts:\n    - {{name: vol, mountPath: /vol}}\n  containers:\n  - name: main\n    image: {img}\n    command: [sh, -c, \"echo pwned > /esc/pwned; ls /esc; sleep 3600\"]\n    volumeMounts:\n    - {{name: vol, mountPath: /esc, subPath: escape}}\n",
+        ns = n.ns,
+        node = n.node,
+        host = host.path().display().to_string(),
+    ));
+    let message = "failed to prepare subPath for volumeMount \"vol\" of container \"main\"";
+    n.cp.wait(
+        &format!(
+            "the refusal in the API\n{}",
+            common::tail(&n.agent.daemon.log(), 30)
+        ),
+        Duration::from_secs(90),
+        |_| {
+            let state = n.pod_path("escape", "{.status.containerStatuses[0].state}");
+            state.contains("CreateContainerConfigError") || state.contains("running")
+        },
+    );
+    assert_eq!(
+        n.pod_path(
+            "escape",
+            "{.status.containerStatuses[0].state.waiting.reason}"
+        ),
+        "CreateContainerConfigError"
+    );
+    assert_eq!(
+        n.pod_path(
+            "escape",
+            "{.status.containerStatuses[0].state.waiting.message}"
+        ),
+        message
+    );
+    let events = || {
+        n.cp.kubectl(&[
+            "-n",
+            &n.ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=escape",
+            "-o",
+            "jsonpath={range .items[*]}{.type}|{.reason}|{.message}{\"\\n\"}{end}",
+        ])
+        .1
+    };
+    let want = format!("Warning|Failed|Error: {message}");
+    n.cp.wait("the Failed event", Duration::from_secs(30), |_| {
+        events().lines().any(|l| l == want)
+    });
+    assert_eq!(snapshot(host.path()), before);
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "escape", "--wait=false"]);
+    n.agent.finish().await;
+    assert_eq!(snapshot(host.path()), before);
 }
