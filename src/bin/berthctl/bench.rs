@@ -53,6 +53,10 @@ pub struct LifecycleArgs {
     /// from 65536 * (i + 16)); needs --pod-network.
     #[arg(long, requires = "pod_network")]
     pub user_namespace: bool,
+    /// The pod's containers share one PID namespace (shareProcessNamespace: true), whose init
+    /// the runtime provides.
+    #[arg(long)]
+    pub share_pid: bool,
     /// Pod i gets the cgroup parent PREFIX/podI (default: none, the runtime's default).
     #[arg(long)]
     pub cgroup_parent: Option<String>,
@@ -88,6 +92,8 @@ pub(crate) struct Plan {
     pub(crate) image_ref: String,
     pub(crate) network: i32,
     pub(crate) user_namespace: bool,
+    /// The PID namespace mode of the pods and their containers.
+    pub(crate) pid: i32,
     pub(crate) cgroup_parent: Option<String>,
     pub(crate) log_dir: PathBuf,
     pub(crate) command: Vec<String>,
@@ -119,10 +125,9 @@ impl Plan {
                     .map(|p| format!("{}/pod{i}", p.trim_end_matches('/')))
                     .unwrap_or_default(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
-                    // As the kubelet for a pod without shareProcessNamespace: no pod PID namespace.
                     namespace_options: Some(cri::NamespaceOption {
                         network: self.network,
-                        pid: cri::NamespaceMode::Container as i32,
+                        pid: self.pid,
                         userns_options: self.user_namespace(i),
                         ..Default::default()
                     }),
@@ -167,7 +172,7 @@ impl Plan {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {
                         network: self.network,
-                        pid: cri::NamespaceMode::Container as i32,
+                        pid: self.pid,
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -397,6 +402,12 @@ pub async fn lifecycle(client: &CriClient, args: LifecycleArgs, json: bool) -> a
         image_ref,
         network,
         user_namespace: args.user_namespace,
+        // As the kubelet: a pod PID namespace only for shareProcessNamespace.
+        pid: if args.share_pid {
+            cri::NamespaceMode::Pod as i32
+        } else {
+            cri::NamespaceMode::Container as i32
+        },
         cgroup_parent: args.cgroup_parent.clone(),
         log_dir: log_dir.clone(),
         command: if args.command.is_empty() {

@@ -123,6 +123,7 @@ pub async fn soak(client: &CriClient, args: SoakArgs, json: bool) -> anyhow::Res
             cri::NamespaceMode::Node
         } as i32,
         user_namespace: false,
+        pid: cri::NamespaceMode::Container as i32,
         cgroup_parent: args.cgroup_parent.clone(),
         log_dir: log_dir.clone(),
         command: DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect(),
