@@ -467,6 +467,22 @@ async fn a_subpath_symlink_from_an_api_pod_is_refused_with_its_event() {
         events().lines().any(|l| l == want)
     });
     assert_eq!(snapshot(host.path()), before);
+    // A key of a configMap volume through its subPath: the key is a symlink through `..data`,
+    // inside the volume, so it is followed.
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: {ns}\ndata:\n  app.conf: from-the-config-map\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: keyed\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  volumes:\n  - name: cfg\n    configMap: {{name: cfg}}\n  containers:\n  - name: main\n    image: {img}\n    command: [sleep, \"3600\"]\n    volumeMounts:\n    - {{name: cfg, mountPath: /etc/app.conf, subPath: app.conf}}\n",
+        ns = n.ns,
+        node = n.node,
+    ));
+    n.wait_pod("Running", "keyed", "{.status.phase}", "Running");
+    let uid = n.pod_path("keyed", "{.metadata.uid}");
+    let c = n.agent.daemon.client().await;
+    let id = running_container(&c, &uid, "main").await;
+    assert_eq!(
+        common::exec_ok(&c, &id, &["cat", "/etc/app.conf"]).await,
+        "from-the-config-map"
+    );
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "keyed", "--wait=false"]);
     n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "escape", "--wait=false"]);
     n.agent.finish().await;
     assert_eq!(snapshot(host.path()), before);
