@@ -93,6 +93,115 @@ pub fn image_manifest(data: &[u8]) {
     }
 }
 
+/// Every descriptor of a manifest or index, and a config, checked against the size bounds:
+/// [`manifest::bounded_size`] accepts exactly the sizes from 0 to the bound, and its refusal
+/// names the image, the digest and the declared size.
+#[allow(dead_code)] // tests/fuzz_regressions.rs includes this file and runs only some harnesses
+pub fn manifest_sizes(data: &[u8]) {
+    const IMAGE: &str = "fuzz.example/sizes:1";
+    let descriptors = match manifest::parse_document(IMAGE, data) {
+        Ok(Document::Index(list)) => list
+            .into_iter()
+            .map(|d| (d, "manifest", manifest::MAX_MANIFEST_BYTES))
+            .collect(),
+        Ok(Document::Manifest { config, layers, .. }) => {
+            let mut all = vec![(config, "config", manifest::MAX_CONFIG_BYTES)];
+            all.extend(layers.into_iter().map(|d| (d, "layer", u64::MAX)));
+            all
+        }
+        Err(_) => Vec::new(),
+    };
+    for (desc, what, max) in descriptors {
+        match manifest::bounded_size(IMAGE, what, &desc, max) {
+            Ok(size) => {
+                assert!(desc.size >= 0 && size == desc.size as u64 && size <= max, "{desc:?}")
+            }
+            Err(e) => {
+                assert!(desc.size < 0 || desc.size as u64 > max, "{desc:?} refused: {e}");
+                let text = e.to_string();
+                assert!(
+                    matches!(e, berth::image::ImageError::Hostile { .. })
+                        && text.contains(IMAGE)
+                        && text.contains(&desc.digest)
+                        && text.contains(&desc.size.to_string()),
+                    "{text}"
+                );
+            }
+        }
+    }
+    let _ = manifest::parse_config(IMAGE, data);
+}
+
+/// What the tar crate makes of a stream: each entry's header position, path and size (its data
+/// read to the end), and the error that stopped it, if one did.
+type TarReading = (Vec<(u64, Vec<u8>, u64)>, Option<io::Error>);
+
+fn read_tar(stream: impl io::Read) -> TarReading {
+    let mut archive = tar::Archive::new(stream);
+    let mut seen = Vec::new();
+    let entries = match archive.entries() {
+        Ok(entries) => entries,
+        Err(e) => return (seen, Some(e)),
+    };
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => return (seen, Some(e)),
+        };
+        let item = (
+            entry.raw_header_position(),
+            entry.path_bytes().into_owned(),
+            entry.size(),
+        );
+        if let Err(e) = io::copy(&mut entry, &mut io::sink()) {
+            return (seen, Some(e));
+        }
+        seen.push(item);
+    }
+    (seen, None)
+}
+
+/// The tar guard over any bytes: the tar crate reads the same entries through it as without
+/// it, up to a refusal, and a refusal is of a header whose type is `L`, `K`, `x` or `g` and
+/// whose size is above the bound.
+#[allow(dead_code)] // tests/fuzz_regressions.rs includes this file and runs only some harnesses
+pub fn tar_guard(data: &[u8]) {
+    use berth::image::tar_guard::{self, MAX_EXTENSION_RECORD, TarGuard};
+    let (plain, plain_error) = read_tar(data);
+    let (guarded, guarded_error) = read_tar(TarGuard::new(data));
+    assert!(
+        plain.len() >= guarded.len() && plain[..guarded.len()] == guarded[..],
+        "the guard changed the entries: {guarded:?} vs {plain:?}"
+    );
+    match guarded_error {
+        None => {
+            assert!(plain_error.is_none(), "only the plain read failed: {plain_error:?}");
+            assert_eq!(plain.len(), guarded.len());
+        }
+        Some(e) => match tar_guard::refusal(&e) {
+            Some(refused) => {
+                let at = usize::try_from(refused.offset).expect("offset");
+                let block = data.get(at..at + 512).expect("the refused header is in the input");
+                let header = tar::Header::from_byte_slice(block);
+                let kind = header.entry_type();
+                assert!(
+                    kind.is_gnu_longname()
+                        || kind.is_gnu_longlink()
+                        || kind.is_pax_local_extensions()
+                        || kind.is_pax_global_extensions(),
+                    "refused a {kind:?}"
+                );
+                assert_eq!(header.entry_size().ok(), Some(refused.size));
+                assert!(refused.size > MAX_EXTENSION_RECORD);
+            }
+            None => assert!(
+                plain_error.is_some() && plain.len() == guarded.len(),
+                "only the guarded read failed: {e}"
+            ),
+        },
+    }
+}
+
 /// A flag byte in front of a layer: the rest is a tar to gzip and unpack as a gzip layer.
 pub const GZIP_FLAG: u8 = 0xff;
 
