@@ -177,17 +177,17 @@ impl<R> TarGuard<R> {
         } else {
             None
         };
-        if let Some(kind) = extension {
-            if declared > MAX_EXTENSION_RECORD {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    ExtensionTooLarge {
-                        kind,
-                        size: declared,
-                        offset: start,
-                    },
-                ));
-            }
+        if let Some(kind) = extension
+            && declared > MAX_EXTENSION_RECORD
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                ExtensionTooLarge {
+                    kind,
+                    size: declared,
+                    offset: start,
+                },
+            ));
         }
         // The crate treats `L`, `K` and `x` as records of the next entry only under a ustar or
         // GNU magic; anything else ends the chain, and takes (and drops) a pending PAX size.
