@@ -114,10 +114,16 @@ pub fn manifest_sizes(data: &[u8]) {
     for (desc, what, max) in descriptors {
         match manifest::bounded_size(IMAGE, what, &desc, max) {
             Ok(size) => {
-                assert!(desc.size >= 0 && size == desc.size as u64 && size <= max, "{desc:?}")
+                assert!(
+                    desc.size >= 0 && size == desc.size as u64 && size <= max,
+                    "{desc:?}"
+                )
             }
             Err(e) => {
-                assert!(desc.size < 0 || desc.size as u64 > max, "{desc:?} refused: {e}");
+                assert!(
+                    desc.size < 0 || desc.size as u64 > max,
+                    "{desc:?} refused: {e}"
+                );
                 let text = e.to_string();
                 assert!(
                     matches!(e, berth::image::ImageError::Hostile { .. })
@@ -175,13 +181,18 @@ pub fn tar_guard(data: &[u8]) {
     );
     match guarded_error {
         None => {
-            assert!(plain_error.is_none(), "only the plain read failed: {plain_error:?}");
+            assert!(
+                plain_error.is_none(),
+                "only the plain read failed: {plain_error:?}"
+            );
             assert_eq!(plain.len(), guarded.len());
         }
         Some(e) => match tar_guard::refusal(&e) {
             Some(refused) => {
                 let at = usize::try_from(refused.offset).expect("offset");
-                let block = data.get(at..at + 512).expect("the refused header is in the input");
+                let block = data
+                    .get(at..at + 512)
+                    .expect("the refused header is in the input");
                 let header = tar::Header::from_byte_slice(block);
                 let kind = header.entry_type();
                 assert!(
