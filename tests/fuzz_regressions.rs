@@ -43,6 +43,16 @@ fn image_manifest() {
 }
 
 #[test]
+fn manifest_sizes() {
+    replay("manifest_sizes", harness::manifest_sizes);
+}
+
+#[test]
+fn tar_guard() {
+    replay("tar_guard", harness::tar_guard);
+}
+
+#[test]
 fn layer_unpack() {
     replay("layer_unpack", harness::layer_unpack);
 }

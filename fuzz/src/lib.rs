@@ -96,7 +96,6 @@ pub fn image_manifest(data: &[u8]) {
 /// Every descriptor of a manifest or index, and a config, checked against the size bounds:
 /// [`manifest::bounded_size`] accepts exactly the sizes from 0 to the bound, and its refusal
 /// names the image, the digest and the declared size.
-#[allow(dead_code)] // tests/fuzz_regressions.rs includes this file and runs only some harnesses
 pub fn manifest_sizes(data: &[u8]) {
     const IMAGE: &str = "fuzz.example/sizes:1";
     let descriptors = match manifest::parse_document(IMAGE, data) {
@@ -170,7 +169,6 @@ fn read_tar(stream: impl io::Read) -> TarReading {
 /// The tar guard over any bytes: the tar crate reads the same entries through it as without
 /// it, up to a refusal, and a refusal is of a header whose type is `L`, `K`, `x` or `g` and
 /// whose size is above the bound.
-#[allow(dead_code)] // tests/fuzz_regressions.rs includes this file and runs only some harnesses
 pub fn tar_guard(data: &[u8]) {
     use berth::image::tar_guard::{self, MAX_EXTENSION_RECORD, TarGuard};
     let (plain, plain_error) = read_tar(data);

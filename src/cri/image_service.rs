@@ -134,10 +134,20 @@ impl ImageService for ImageApi {
         let reference = image_spec_ref(req.image.as_ref(), "PullImage")?;
         let creds = credentials(req.auth.as_ref())?;
         let started = std::time::Instant::now();
-        let view = self.images.pull(&reference, creds).await.map_err(|e| {
-            tracing::warn!(image = %reference, error = %e, "pull failed");
-            Status::from(e)
-        })?;
+        // The request's credentials go only to the host they were given for.
+        let server_address = req
+            .auth
+            .as_ref()
+            .map(|a| a.server_address.as_str())
+            .unwrap_or_default();
+        let view = self
+            .images
+            .pull_with_auth(&reference, creds, server_address)
+            .await
+            .map_err(|e| {
+                tracing::warn!(image = %reference, error = %e, "pull failed");
+                Status::from(e)
+            })?;
         tracing::info!(image = %reference, id = %view.record.id, elapsed_ms = started.elapsed().as_millis() as u64, "pulled");
         Ok(Response::new(cri::PullImageResponse {
             image_ref: view.record.id,
