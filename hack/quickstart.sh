@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's quick start, run as a newcomer runs it: berthd started as `make run` starts it
 # (the default pod network, then berthd with its defaults: /run/berth, /var/lib/berth, the agent
-# on 127.0.0.1:10255 reading /etc/berth/manifests), then every command of the README's block
+# reading /etc/berth/manifests, its control socket /run/berth/agent/agent.sock), then every command of the README's block
 # after "Then, in another shell:", unchanged, from a fresh directory. Then checks what they did:
 # the container's log line, the pod's web server on its IP, the agent's pod running. Whatever
 # the run added to the machine is removed afterwards, and only that.
@@ -33,7 +33,7 @@ cleanup() {
     # The agent ends the pod of the removed manifest (a pod it still wants would be made
     # again if removed under it); then whatever pods are left go.
     for _ in $(seq 120); do
-      curl -s http://127.0.0.1:10255/pods | jq -e '.items[] | select(.metadata.name == "hello")' \
+      curl -s --unix-socket /run/berth/agent/agent.sock http://localhost/pods | jq -e '.items[] | select(.metadata.name == "hello")' \
         >/dev/null 2>&1 || break
       sleep 0.5
     done
@@ -110,7 +110,7 @@ grep -qxF "$(hostname)" "$work/out" ||
 grep -q ' stdout F hello$' /tmp/demo/web.log ||
   { echo "quickstart: the container's 'hello' is not in /tmp/demo/web.log" >&2; exit 1; }
 for _ in $(seq 120); do
-  phase=$(curl -s http://127.0.0.1:10255/pods |
+  phase=$(curl -s --unix-socket /run/berth/agent/agent.sock http://localhost/pods |
     jq -r '.items[] | select(.metadata.name == "hello") | .status.phase')
   [ "$phase" = Running ] && break
   sleep 0.5

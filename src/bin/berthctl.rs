@@ -54,15 +54,12 @@ struct Cli {
     /// (`-` for stdout).
     #[arg(long, short = 'o', global = true, value_name = "FORMAT|FILE")]
     output: Option<String>,
-    /// The node agent's endpoint (for `pods --agent` and `node`).
-    #[arg(
-        long,
-        global = true,
-        env = "BERTH_AGENT_ADDRESS",
-        default_value = "127.0.0.1:10255"
-    )]
+    /// The node agent's read-only TCP endpoint, when berthd serves one (`agent.address`), for
+    /// `pods --agent` and `node`; without it they read the control socket.
+    #[arg(long, global = true, env = "BERTH_AGENT_ADDRESS", default_value = "")]
     agent_address: String,
-    /// The node agent's control socket (for `node shutdown`).
+    /// The node agent's control socket (`node shutdown`, and `pods --agent` and `node` unless
+    /// `--agent-address` is given).
     #[arg(
         long,
         global = true,
@@ -269,6 +266,16 @@ fn main() {
     }
 }
 
+/// Where `pods --agent` and `node` read the agent: its TCP endpoint when one is given, else its
+/// control socket.
+fn agent_reads(cli: &Cli) -> agent::Target<'_> {
+    if cli.agent_address.is_empty() {
+        agent::Target::ControlSocket(&cli.agent_socket)
+    } else {
+        agent::Target::Endpoint(&cli.agent_address)
+    }
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -309,8 +316,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Pods {
             agent: true, quiet, ..
-        } => return agent::pods(&cli.agent_address, json, *quiet),
-        Command::Node { action: None } => return agent::node(&cli.agent_address, json),
+        } => return agent::pods(agent_reads(&cli), json, *quiet),
+        Command::Node { action: None } => return agent::node(agent_reads(&cli), json),
         Command::Node {
             action: Some(NodeAction::Shutdown),
         } => return agent::shutdown(&cli.agent_socket, json),

@@ -1,5 +1,5 @@
-//! Commands that speak to the node agent: `pods --agent` and `node` read its endpoint;
-//! `node shutdown` goes to its control socket.
+//! Commands that speak to the node agent: `pods --agent` and `node` read its control socket
+//! (or its read-only TCP endpoint when given one); `node shutdown` goes to its control socket.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -97,13 +97,8 @@ fn get_ok(
 }
 
 /// `berthctl pods --agent`: the agent's pods as kubectl shows them.
-pub fn pods(address: &str, json: bool, quiet: bool) -> anyhow::Result<()> {
-    let list = get_ok(
-        Target::Endpoint(address),
-        "GET",
-        "/pods",
-        Duration::from_secs(10),
-    )?;
+pub fn pods(target: Target<'_>, json: bool, quiet: bool) -> anyhow::Result<()> {
+    let list = get_ok(target, "GET", "/pods", Duration::from_secs(10))?;
     let items = list["items"].as_array().cloned().unwrap_or_default();
     if json {
         return print_json(&list);
@@ -169,13 +164,8 @@ fn pod_status(p: &Value) -> String {
 }
 
 /// `berthctl node`: the node's conditions, resources and identity.
-pub fn node(address: &str, json: bool) -> anyhow::Result<()> {
-    let node = get_ok(
-        Target::Endpoint(address),
-        "GET",
-        "/node",
-        Duration::from_secs(10),
-    )?;
+pub fn node(target: Target<'_>, json: bool) -> anyhow::Result<()> {
+    let node = get_ok(target, "GET", "/node", Duration::from_secs(10))?;
     if json {
         return print_json(&node);
     }
