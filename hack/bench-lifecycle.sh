@@ -18,8 +18,12 @@
 #     timing of each CNI ADD from its log (total_us, plugins_us, berth_overhead_us; p50/p99 over
 #     the N timed pods) and the targets: RunPodSandbox p50 no slower than containerd's, Berth's
 #     overhead around the plugins under 5 ms.
-# Usage: hack/bench-lifecycle.sh [N] [--pod-network] (default 50 pods, host network). Needs root
-# and release binaries (make build).
+#   --share-pid: the pods' containers share one PID namespace (shareProcessNamespace), whose pid 1
+#     is berth-pod-init on Berth and the pause process on containerd; both count as pause
+#     processes in the memory figures.
+# Usage: hack/bench-lifecycle.sh [N] [--pod-network] [--share-pid] (default 50 pods, host
+# network). Needs root and release binaries (make build). BERTHD_DIR=DIR takes berthd and
+# berth-shim from DIR instead of target/release (another build of Berth, as a baseline).
 # Environment: PARALLEL=K brings pods up K at a time (default 1); WARMUP=W pods are run and
 # dropped first on each runtime (default 3); BERTH_LOG_LEVEL (default warn; berth::net is raised
 # to info with --pod-network) for berthd's log, which is kept when KEEP=1 (with the whole work
@@ -30,20 +34,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/.." && pwd)
 N=50
 NET=host
+SHARE_PID=0
 for a in "$@"; do
   case $a in
     --pod-network) NET=pod ;;
     --host-network) NET=host ;;
-    ''|*[!0-9]*) echo "usage: $0 [N] [--pod-network]" >&2; exit 2 ;;
+    --share-pid) SHARE_PID=1 ;;
+    ''|*[!0-9]*) echo "usage: $0 [N] [--pod-network] [--share-pid]" >&2; exit 2 ;;
     *) N=$a ;;
   esac
 done
 [ "$N" -ge 1 ] || { echo "N must be at least 1" >&2; exit 2; }
 PARALLEL=${PARALLEL:-1}
 WARMUP=${WARMUP:-3}
-BERTHD=$top/target/release/berthd
+BERTHD=${BERTHD_DIR:-$top/target/release}/berthd
 BERTHCTL=$top/target/release/berthctl
-SHIM=$top/target/release/berth-shim
+SHIM=${BERTHD_DIR:-$top/target/release}/berth-shim
 for b in "$BERTHD" "$BERTHCTL" "$SHIM"; do
   [ -x "$b" ] || { echo "build first: make build (missing $b)" >&2; exit 1; }
 done
@@ -109,6 +115,7 @@ bench() {
   local args=(-r "$sock" bench lifecycle --image "$IMAGE" --parallel "$PARALLEL"
     --cgroup-parent "/$CG-$kind" --log-dir "$W/$kind/logs")
   [ "$NET" = pod ] && args+=(--pod-network)
+  [ "$SHARE_PID" = 1 ] && args+=(--share-pid)
   make_cgroup_parent "$CG-$kind"
   if [ "$WARMUP" -gt 0 ]; then
     "$BERTHCTL" "${args[@]}" --count "$WARMUP" >/dev/null 2>"$W/$kind.warmup.err" ||
@@ -124,10 +131,12 @@ bench() {
   for p in $(our_procs "$comm"); do
     n=$((n + 1)); total=$((total + $(rss_kib "$p"))); pss=$((pss + $(pss_kib "$p")))
   done
-  # containerd's pause processes: one per pod, in the pods' cgroups (Berth has none).
+  # containerd's pause processes: one per pod, in the pods' cgroups; Berth's pod inits, one per
+  # pod that shares its PID namespace.
   while read -r p; do
-    [ "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" = "/bin/sleep 2147483647 " ] &&
-      pause=$((pause + $(rss_kib "$p")))
+    case "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" in
+      "/bin/sleep 2147483647 " | "berth-pod-init "*) pause=$((pause + $(rss_kib "$p"))) ;;
+    esac
   done < <(find /sys/fs/cgroup/pids/"$CG-$kind" -name cgroup.procs -exec cat {} + 2>/dev/null)
   echo "$(rss_kib "$dpid") $n $total $pss $pause" >"$W/$kind.mem"
   kill -USR1 "$bench_pid"
@@ -141,7 +150,9 @@ if [ "$NET" = pod ]; then
 else
   netdesc="host network"
 fi
+[ "$SHARE_PID" = 1 ] && netdesc+=", one PID namespace per pod"
 echo "pods: $N ($( [ "$PARALLEL" = 1 ] && echo sequential || echo "$PARALLEL at a time"), $netdesc, after $WARMUP warm-up pods)   image: $IMAGE"
+echo "berthd: $BERTHD"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 push_pause "$W" "$PAUSE"
 start_berthd
@@ -171,7 +182,7 @@ printf 'sandbox+create+start median, first/last tenth of the pods: berth %s/%s m
 printf 'up (wall, %d pods):    berth %.2f s, containerd %.2f s; down: berth %.2f s, containerd %.2f s\n' "$N" \
   "$(jq .upSeconds "$B")" "$(jq .upSeconds "$C")" "$(jq .downSeconds "$B")" "$(jq .downSeconds "$C")"
 
-read -r bd bn bt bp _ <"$W/berth.mem"
+read -r bd bn bt bp bpause <"$W/berth.mem"
 read -r cdm cn ct cp cpause <"$W/containerd.mem"
 echo
 echo "memory with $N pods running (KiB from /proc; MiB shown):"
@@ -183,8 +194,8 @@ ba=$((bn > 0 ? bt / bn : 0)); ca=$((cn > 0 ? ct / cn : 0))
 printf '%-34s %10s %12s %6s\n' "shim RSS, average" "$(mib "$ba")" "$(mib "$ca")" "$(ratio "$ba" "$ca")"
 printf '%-34s %10s %12s %6s\n' "shim RSS, total" "$(mib "$bt")" "$(mib "$ct")" "$(ratio "$bt" "$ct")"
 printf '%-34s %10s %12s %6s\n' "shim PSS, total" "$(mib "$bp")" "$(mib "$cp")" "$(ratio "$bp" "$cp")"
-printf '%-34s %10s %12s\n' "pause processes RSS, total" "0" "$(mib "$cpause")"
-bsum=$((bd + bt)); csum=$((cdm + ct + cpause))
+printf '%-34s %10s %12s\n' "pause processes RSS, total" "$(mib "$bpause")" "$(mib "$cpause")"
+bsum=$((bd + bt + bpause)); csum=$((cdm + ct + cpause))
 printf '%-34s %10s %12s %6s\n' "daemon + shims + pause RSS" "$(mib "$bsum")" "$(mib "$csum")" "$(ratio "$bsum" "$csum")"
 
 # log_pcts FIELD: "p50 p99 n" in ms (nearest rank, as berthctl) of FIELD (microseconds) in
