@@ -140,6 +140,12 @@ pub struct AgentConfig {
     pub container_log_max_files: u32,
     /// Seconds between two checks of the containers' log sizes.
     pub container_log_monitor_interval_secs: f64,
+    /// Unsafe sysctls pods may set besides the kubelet's safe ones, as the kubelet's
+    /// `--allowed-unsafe-sysctls`: names (`net.core.somaxconn`) or prefixes ending in `*`
+    /// (`kernel.msg*`), each of a namespaced sysctl (`net.*`, `kernel.shm*`, `kernel.msg*`,
+    /// `kernel.sem`, `fs.mqueue.*`). A pod setting any other sysctl is refused
+    /// (SysctlForbidden), as is one setting a sysctl of a namespace it shares with the host.
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
@@ -279,6 +285,7 @@ impl Default for AgentConfig {
             container_log_max_size: "10Mi".to_string(),
             container_log_max_files: 5,
             container_log_monitor_interval_secs: 10.0,
+            allowed_unsafe_sysctls: Vec::new(),
         }
     }
 }
@@ -511,6 +518,8 @@ impl AgentConfig {
                 })?;
             }
         }
+        crate::agent::pods::admission::SysctlAllowlist::new(&self.allowed_unsafe_sysctls, None)
+            .map_err(|e| format!("agent.allowed_unsafe_sysctls: {e}"))?;
         if self.manifest_rescan_ms == 0 || self.sync_period_ms == 0 {
             return Err(
                 "agent.manifest_rescan_ms and agent.sync_period_ms must be positive".into(),
@@ -597,6 +606,33 @@ mod tests {
         let mut c = AgentConfig::default();
         c.system_reserved.insert("memory".into(), "lots".into());
         assert!(c.validate().is_err_and(|e| e.contains("memory")));
+        for bad in [
+            "vm.swappiness",
+            "kernel.*",
+            "Net.core.somaxconn",
+            "net..x",
+            "",
+        ] {
+            let c = AgentConfig {
+                allowed_unsafe_sysctls: vec![bad.to_string()],
+                ..Default::default()
+            };
+            assert!(
+                c.validate()
+                    .is_err_and(|e| e.contains("agent.allowed_unsafe_sysctls")),
+                "{bad:?}"
+            );
+        }
+        let c = AgentConfig {
+            allowed_unsafe_sysctls: vec![
+                "kernel.msg*".into(),
+                "net.core.somaxconn".into(),
+                "net/ipv4/tcp_mem".into(),
+                "net.*".into(),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

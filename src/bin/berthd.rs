@@ -111,6 +111,10 @@ struct Cli {
     /// Whether the agent creates its Node (false: adopt the one an admin made).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     register_node: Option<bool>,
+    /// Unsafe sysctls pods may set besides the safe ones, `name,prefix*,...` (overrides
+    /// agent.allowed_unsafe_sysctls).
+    #[arg(long, value_name = "SYSCTL,...", value_delimiter = ',')]
+    allowed_unsafe_sysctls: Vec<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -293,6 +297,9 @@ fn effective_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(v) = &cli.cluster_domain {
         cfg.agent.cluster_domain = v.clone();
+    }
+    if !cli.allowed_unsafe_sysctls.is_empty() {
+        cfg.agent.allowed_unsafe_sysctls = cli.allowed_unsafe_sysctls.clone();
     }
     cfg.validate()?;
     Ok(cfg)

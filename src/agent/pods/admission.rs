@@ -2,8 +2,14 @@
 //! selector and required node affinity against the Node's labels, NoExecute taints it does not
 //! tolerate, host ports already taken, and requests that do not fit what is allocatable beside
 //! the pods already admitted. A refused pod ends Failed with the kubelet's reason and message.
+//!
+//! Every pod, static ones included, also passes the kubelet's sysctl allowlist first: each of
+//! `spec.securityContext.sysctls` must be one of the kubelet's safe sysctls or match
+//! `agent.allowed_unsafe_sysctls`, and must not belong to a namespace the pod shares with the
+//! host (a `net.*` sysctl with hostNetwork, an IPC one with hostIPC).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint};
 
@@ -105,6 +111,222 @@ pub fn admit(pod: &Pod, others: &[&Pod], node: &NodeView) -> Result<(), Refusal>
                 t.value.as_deref().unwrap_or_default()
             ),
         });
+    }
+    Ok(())
+}
+
+/// The kubelet's reason for a pod refused for its sysctls.
+pub const SYSCTL_FORBIDDEN: &str = "SysctlForbidden";
+
+/// The kubelet's safe sysctls: namespaced, and without effect on other pods of the node. Each
+/// with the kernel release (major, minor) from which the kernel namespaces it.
+const SAFE_SYSCTLS: [(&str, (u32, u32)); 12] = [
+    ("kernel.shm_rmid_forced", (0, 0)),
+    ("net.ipv4.ip_local_port_range", (0, 0)),
+    ("net.ipv4.tcp_syncookies", (0, 0)),
+    ("net.ipv4.ping_group_range", (0, 0)),
+    ("net.ipv4.ip_unprivileged_port_start", (0, 0)),
+    ("net.ipv4.ip_local_reserved_ports", (3, 16)),
+    ("net.ipv4.tcp_keepalive_time", (4, 5)),
+    ("net.ipv4.tcp_fin_timeout", (4, 6)),
+    ("net.ipv4.tcp_keepalive_intvl", (4, 5)),
+    ("net.ipv4.tcp_keepalive_probes", (4, 5)),
+    ("net.ipv4.tcp_rmem", (4, 15)),
+    ("net.ipv4.tcp_wmem", (4, 15)),
+];
+
+/// Longest sysctl name or pattern the API accepts.
+const SYSCTL_MAX_LENGTH: usize = 253;
+
+/// The kernel namespace a sysctl belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SysctlNamespace {
+    /// The IPC namespace (`kernel.shm*`, `kernel.msg*`, `kernel.sem`, `fs.mqueue.*`).
+    Ipc,
+    /// The network namespace (`net.*`).
+    Net,
+}
+
+impl fmt::Display for SysctlNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ipc => "ipc",
+            Self::Net => "net",
+        })
+    }
+}
+
+/// The namespace of the sysctl (or sysctl prefix) `name` in dotted form, if the kernel
+/// namespaces it.
+pub fn sysctl_namespace(name: &str) -> Option<SysctlNamespace> {
+    if name == "kernel.sem"
+        || ["kernel.shm", "kernel.msg", "fs.mqueue."]
+            .iter()
+            .any(|p| name.starts_with(p))
+    {
+        Some(SysctlNamespace::Ipc)
+    } else if name.starts_with("net.") {
+        Some(SysctlNamespace::Net)
+    } else {
+        None
+    }
+}
+
+/// `name` in dotted form: a name whose first separator is `/` (`net/ipv4/tcp_rmem`) has its
+/// slashes and dots swapped, as the kubelet reads it (a dot inside a segment, such as an
+/// interface `eth0.100`, becomes a slash).
+pub fn dotted_sysctl(name: &str) -> String {
+    match name.find(['.', '/']) {
+        Some(i) if name.as_bytes()[i] == b'/' => name
+            .chars()
+            .map(|c| match c {
+                '.' => '/',
+                '/' => '.',
+                c => c,
+            })
+            .collect(),
+        _ => name.to_string(),
+    }
+}
+
+/// Whether `name` is a sysctl name as the API accepts it: segments of lower-case letters,
+/// digits, `-` and `_` that start and end with a letter or digit, separated by `.` or `/`;
+/// with `pattern`, a trailing `*` is allowed too.
+fn valid_sysctl(name: &str, pattern: bool) -> bool {
+    let body = match name.strip_suffix('*') {
+        Some(b) if pattern => b,
+        _ => name,
+    };
+    let segment_ok = |s: &str| {
+        let b = s.as_bytes();
+        match (b.first(), b.last()) {
+            (Some(f), Some(l)) => {
+                (f.is_ascii_lowercase() || f.is_ascii_digit())
+                    && (l.is_ascii_lowercase() || l.is_ascii_digit())
+                    && b.iter().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'_')
+                    })
+            }
+            _ => false,
+        }
+    };
+    if name.len() > SYSCTL_MAX_LENGTH || body.is_empty() {
+        return false;
+    }
+    // A pattern's prefix may end on a separator (`net.ipv4.*`).
+    let body = if pattern && body.len() < name.len() {
+        body.strip_suffix(['.', '/']).unwrap_or(body)
+    } else {
+        body
+    };
+    body.split(['.', '/']).all(segment_ok)
+}
+
+/// The sysctls a pod may set: the kubelet's safe ones and the node's allowed unsafe ones,
+/// names and prefixes, each with its namespace.
+#[derive(Debug, Clone, Default)]
+pub struct SysctlAllowlist {
+    names: BTreeMap<String, SysctlNamespace>,
+    prefixes: Vec<(String, SysctlNamespace)>,
+}
+
+impl SysctlAllowlist {
+    /// The safe sysctls the running kernel namespaces, and `allowed_unsafe`.
+    pub fn for_this_kernel(allowed_unsafe: &[String]) -> Result<Self, String> {
+        Self::new(allowed_unsafe, kernel_release())
+    }
+
+    /// The safe sysctls `kernel` (major, minor; None: unknown) namespaces, and
+    /// `allowed_unsafe`: names or prefixes ending in `*`, in dotted or slash form, each of a
+    /// namespaced sysctl.
+    pub fn new(allowed_unsafe: &[String], kernel: Option<(u32, u32)>) -> Result<Self, String> {
+        let mut list = Self::default();
+        for (name, since) in SAFE_SYSCTLS {
+            let available = since == (0, 0) || kernel.is_some_and(|k| k >= since);
+            if let (true, Some(ns)) = (available, sysctl_namespace(name)) {
+                list.names.insert(name.to_string(), ns);
+            }
+        }
+        for pattern in allowed_unsafe {
+            if !valid_sysctl(pattern, true) {
+                return Err(format!(
+                    "sysctl {pattern:?} must have at most {SYSCTL_MAX_LENGTH} characters, be segments of a-z, 0-9, '-' and '_' separated by '.' or '/', and may end in '*'"
+                ));
+            }
+            let dotted = dotted_sysctl(pattern);
+            match dotted.strip_suffix('*') {
+                Some(prefix) => {
+                    let ns = sysctl_namespace(prefix).ok_or_else(|| {
+                        format!("the sysctls {dotted:?} are not known to be namespaced")
+                    })?;
+                    list.prefixes.push((prefix.to_string(), ns));
+                }
+                None => {
+                    let ns = sysctl_namespace(&dotted).ok_or_else(|| {
+                        format!("the sysctl {dotted:?} is not known to be namespaced")
+                    })?;
+                    list.names.insert(dotted, ns);
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Why the pod may not set sysctl `name` (as the kubelet words it), if it may not.
+    fn check(&self, name: &str, host_network: bool, host_ipc: bool) -> Result<(), String> {
+        let dotted = dotted_sysctl(name);
+        if !valid_sysctl(name, false) {
+            return Err(format!("{dotted:?} not allowlisted"));
+        }
+        let ns = self.names.get(&dotted).copied().or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| dotted.starts_with(p.as_str()))
+                .map(|(_, ns)| *ns)
+        });
+        match ns {
+            None => Err(format!("{dotted:?} not allowlisted")),
+            Some(ns @ SysctlNamespace::Ipc) if host_ipc => {
+                Err(format!("{dotted:?} not allowed with host {ns} enabled"))
+            }
+            Some(ns @ SysctlNamespace::Net) if host_network => {
+                Err(format!("{dotted:?} not allowed with host {ns} enabled"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// The running kernel's release as (major, minor), if it reads as one.
+fn kernel_release() -> Option<(u32, u32)> {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_str().ok()?;
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Admits `pod`'s sysctls against `allowlist`, or says why not (the kubelet's
+/// `SysctlForbidden`, naming the first sysctl refused).
+pub fn admit_sysctls(pod: &Pod, allowlist: &SysctlAllowlist) -> Result<(), Refusal> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    let sysctls = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.sysctls.as_deref())
+        .unwrap_or_default();
+    let host_network = spec.host_network.unwrap_or(false);
+    let host_ipc = spec.host_ipc.unwrap_or(false);
+    for s in sysctls {
+        allowlist
+            .check(&s.name, host_network, host_ipc)
+            .map_err(|why| Refusal {
+                reason: SYSCTL_FORBIDDEN.to_string(),
+                message: format!("forbidden sysctl: {why}"),
+            })?;
     }
     Ok(())
 }
@@ -350,5 +572,172 @@ mod tests {
         let err = admit(&untolerant, &[], &n).expect_err("taint");
         assert_eq!(err.reason, "TaintToleration");
         assert!(err.message.contains("maint"), "{}", err.message);
+    }
+
+    fn sysctl_pod(names: &[&str], extra: serde_json::Value) -> Pod {
+        let mut spec = serde_json::json!({"containers": [{"name": "c"}], "securityContext": {
+            "sysctls": names.iter().map(|n| serde_json::json!({"name": n, "value": "1"}))
+                .collect::<Vec<_>>()}});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        pod(spec)
+    }
+
+    fn safe_only() -> SysctlAllowlist {
+        SysctlAllowlist::new(&[], Some((6, 1))).expect("allowlist")
+    }
+
+    #[test]
+    fn safe_sysctls_pass_and_others_are_refused_as_the_kubelet_does() {
+        let list = safe_only();
+        let none = serde_json::json!({});
+        for safe in [
+            "kernel.shm_rmid_forced",
+            "net.ipv4.ip_local_port_range",
+            "net.ipv4.tcp_syncookies",
+            "net.ipv4.ping_group_range",
+            "net.ipv4.ip_unprivileged_port_start",
+            "net.ipv4.ip_local_reserved_ports",
+            "net.ipv4.tcp_keepalive_time",
+            "net.ipv4.tcp_fin_timeout",
+            "net.ipv4.tcp_keepalive_intvl",
+            "net.ipv4.tcp_keepalive_probes",
+            "net.ipv4.tcp_rmem",
+            "net.ipv4.tcp_wmem",
+            // The slash form reads as the dotted one.
+            "net/ipv4/ip_unprivileged_port_start",
+        ] {
+            assert_eq!(
+                admit_sysctls(&sysctl_pod(&[safe], none.clone()), &list),
+                Ok(()),
+                "{safe}"
+            );
+        }
+        assert_eq!(
+            admit_sysctls(&pod(serde_json::json!({"containers": []})), &list),
+            Ok(())
+        );
+        let err = admit_sysctls(
+            &sysctl_pod(&["net.ipv4.tcp_syncookies", "kernel.msgmax"], none.clone()),
+            &list,
+        )
+        .expect_err("unsafe");
+        assert_eq!(
+            err,
+            Refusal {
+                reason: "SysctlForbidden".into(),
+                message: r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#.into(),
+            }
+        );
+        for unsafe_one in [
+            "net.core.somaxconn",
+            "vm.swappiness",
+            "kernel/msgmax",
+            "net.ipv4.ip_unprivileged_port_start.",
+            "net.ipv4/../../vm/swappiness",
+            "",
+        ] {
+            let err = admit_sysctls(&sysctl_pod(&[unsafe_one], none.clone()), &list)
+                .expect_err(unsafe_one);
+            assert_eq!(err.reason, SYSCTL_FORBIDDEN, "{unsafe_one}");
+            assert!(err.message.ends_with(" not allowlisted"), "{}", err.message);
+        }
+        // Kernels that do not namespace a safe sysctl yet do not allow it.
+        let old = SysctlAllowlist::new(&[], Some((4, 4))).expect("allowlist");
+        let keepalive = sysctl_pod(&["net.ipv4.tcp_keepalive_time"], none.clone());
+        assert!(admit_sysctls(&keepalive, &old).is_err());
+        assert_eq!(admit_sysctls(&keepalive, &list), Ok(()));
+        let unknown = SysctlAllowlist::new(&[], None).expect("allowlist");
+        assert!(admit_sysctls(&keepalive, &unknown).is_err());
+        assert_eq!(
+            admit_sysctls(&sysctl_pod(&["net.ipv4.tcp_syncookies"], none), &unknown),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn allowed_unsafe_sysctl_patterns_pass() {
+        let list = SysctlAllowlist::new(
+            &[
+                "kernel.msg*".into(),
+                "net.core.somaxconn".into(),
+                "net/ipv6/conf/*".into(),
+            ],
+            Some((6, 1)),
+        )
+        .expect("allowlist");
+        let none = serde_json::json!({});
+        for ok in [
+            "kernel.msgmax",
+            "kernel.msgmnb",
+            "kernel/msgmni",
+            "net.core.somaxconn",
+            "net.ipv6.conf.all.forwarding",
+            "kernel.shm_rmid_forced",
+        ] {
+            assert_eq!(
+                admit_sysctls(&sysctl_pod(&[ok], none.clone()), &list),
+                Ok(()),
+                "{ok}"
+            );
+        }
+        for refused in ["kernel.shmmax", "net.core.rmem_max", "kernel.sem"] {
+            assert!(
+                admit_sysctls(&sysctl_pod(&[refused], none.clone()), &list).is_err(),
+                "{refused}"
+            );
+        }
+        for bad in ["vm.*", "kernel.panic", "*", "kernel.msg**", "Kernel.msgmax"] {
+            assert!(SysctlAllowlist::new(&[bad.into()], None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sysctls_of_a_namespace_shared_with_the_host_are_refused() {
+        let list = SysctlAllowlist::new(&["kernel.msg*".into(), "kernel.sem".into()], Some((6, 1)))
+            .expect("allowlist");
+        let host_net = serde_json::json!({"hostNetwork": true});
+        let host_ipc = serde_json::json!({"hostIPC": true});
+        let err = admit_sysctls(
+            &sysctl_pod(&["net.ipv4.ip_unprivileged_port_start"], host_net.clone()),
+            &list,
+        )
+        .expect_err("host net");
+        assert_eq!(err.reason, "SysctlForbidden");
+        assert_eq!(
+            err.message,
+            r#"forbidden sysctl: "net.ipv4.ip_unprivileged_port_start" not allowed with host net enabled"#
+        );
+        for ipc in ["kernel.shm_rmid_forced", "kernel.msgmax", "kernel.sem"] {
+            let err = admit_sysctls(&sysctl_pod(&[ipc], host_ipc.clone()), &list).expect_err(ipc);
+            assert_eq!(
+                err.message,
+                format!("forbidden sysctl: {ipc:?} not allowed with host ipc enabled")
+            );
+        }
+        // The other namespace is still the pod's own.
+        assert_eq!(
+            admit_sysctls(&sysctl_pod(&["kernel.msgmax"], host_net), &list),
+            Ok(())
+        );
+        assert_eq!(
+            admit_sysctls(&sysctl_pod(&["net.ipv4.tcp_syncookies"], host_ipc), &list),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn slash_sysctl_names_read_as_dotted() {
+        assert_eq!(dotted_sysctl("net/ipv4/tcp_rmem"), "net.ipv4.tcp_rmem");
+        assert_eq!(
+            dotted_sysctl("net/ipv4/conf/eth0.100/rp_filter"),
+            "net.ipv4.conf.eth0/100.rp_filter"
+        );
+        assert_eq!(
+            dotted_sysctl("net.ipv4.conf.eth0/100.rp_filter"),
+            "net.ipv4.conf.eth0/100.rp_filter"
+        );
+        assert_eq!(dotted_sysctl("kernel"), "kernel");
     }
 }

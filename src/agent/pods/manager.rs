@@ -10,7 +10,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
 
-use super::admission::{self, NodeView};
+use super::admission::{self, NodeView, SysctlAllowlist};
 use super::worker::{Desire, PodWorker};
 use crate::agent::AgentContext;
 use crate::agent::cluster::{self, Cluster};
@@ -44,8 +44,16 @@ struct State {
     orphans_removed: bool,
     /// The mirror pods the API server holds for this node, by key.
     mirrors: BTreeMap<PodKey, Pod>,
-    /// API pods admission refused (they stay Failed), by key: their UID.
-    refused: BTreeMap<PodKey, String>,
+    /// Pods admission refused (they stay Failed), by key.
+    refused: BTreeMap<PodKey, Refused>,
+}
+
+/// A pod admission refused.
+struct Refused {
+    uid: String,
+    /// Its manifest's hash: a static pod whose file changed is admitted again.
+    hash: String,
+    source: Source,
 }
 
 /// The pod set and its workers.
@@ -54,6 +62,8 @@ pub struct PodManager {
     cluster: Option<Arc<Cluster>>,
     /// The node's status (labels, allocatable) for admission.
     node: Arc<NodeStatus>,
+    /// The sysctls pods may set.
+    sysctls: SysctlAllowlist,
     state: Mutex<State>,
     /// Wakes the mirror pod task when static pods or mirror pods change.
     mirrors_changed: tokio::sync::Notify,
@@ -68,10 +78,17 @@ impl PodManager {
         cluster: Option<Arc<Cluster>>,
         node: Arc<NodeStatus>,
     ) -> Arc<Self> {
+        let sysctls = SysctlAllowlist::for_this_kernel(&ctx.config.allowed_unsafe_sysctls)
+            .unwrap_or_else(|e| {
+                // The configuration was validated: only the safe sysctls are left here.
+                tracing::error!(error = %e, "agent.allowed_unsafe_sysctls ignored");
+                SysctlAllowlist::for_this_kernel(&[]).unwrap_or_default()
+            });
         Arc::new(Self {
             ctx,
             cluster,
             node,
+            sysctls,
             state: Mutex::new(State::default()),
             mirrors_changed: tokio::sync::Notify::new(),
             targets: watch::channel(0).0,
@@ -161,7 +178,16 @@ impl PodManager {
         self.state
             .lock()
             .map(|st| {
-                let refused = st.refused.values().map(|uid| (uid.clone(), uid.clone()));
+                // A refused static pod's status goes to its mirror pod, when it has one.
+                let refused = st.refused.iter().filter_map(|(key, r)| match r.source {
+                    Source::Api => Some((r.uid.clone(), r.uid.clone())),
+                    Source::File => st
+                        .mirrors
+                        .get(key)
+                        .filter(|m| m.metadata.deletion_timestamp.is_none())
+                        .and_then(|m| m.metadata.uid.clone())
+                        .map(|mirror| (r.uid.clone(), mirror)),
+                });
                 st.workers
                     .iter()
                     .filter_map(|(key, w)| match w.source {
@@ -201,7 +227,13 @@ impl PodManager {
             && (self.cluster.is_none() || sets.contains_key(&Source::Api));
         if all_reported && !*orphans_removed {
             *orphans_removed = true;
-            let uids: HashSet<String> = union.values().map(|(_, d)| d.uid.clone()).collect();
+            // A pod the sysctl allowlist refuses gets no worker: a sandbox it has from before
+            // goes with the orphans.
+            let uids: HashSet<String> = union
+                .values()
+                .filter(|(_, d)| admission::admit_sysctls(&d.pod, &self.sysctls).is_ok())
+                .map(|(_, d)| d.uid.clone())
+                .collect();
             let ctx = self.ctx.clone();
             tokio::spawn(async move { remove_orphans(&ctx, &uids).await });
         }
@@ -221,10 +253,13 @@ impl PodManager {
             w.deleting = deleting;
             let _ = w.desire.send(Desire::Stop { grace_secs: grace });
         }
-        // Refused pods the API server no longer has are forgotten; deleted ones are finished.
-        refused.retain(|key, uid| {
-            let current = union.get(key).filter(|(_, d)| d.uid == *uid);
-            if current.is_some_and(|(_, d)| !being_deleted(&d.pod)) {
+        // Refused pods no source has any more are forgotten, as are static pods whose manifest
+        // changed (admitted again below); deleted API pods are finished.
+        refused.retain(|key, r| {
+            let current = union.get(key).filter(|(_, d)| d.uid == r.uid);
+            if current.is_some_and(|(s, d)| {
+                !being_deleted(&d.pod) && (*s == Source::Api || d.hash == r.hash)
+            }) {
                 return true;
             }
             self.ctx.pods.remove(key);
@@ -255,9 +290,14 @@ impl PodManager {
             .filter_map(|k| union.get(k).map(|(_, d)| &d.pod))
             .collect();
         for (key, source, d) in starts {
-            if let (Source::Api, Some(view)) = (source, &view)
-                && let Err(r) = admission::admit(&d.pod, &admitted, view)
-            {
+            // Every pod passes the sysctl allowlist; API pods then the node's checks.
+            let verdict = admission::admit_sysctls(&d.pod, &self.sysctls).and_then(|()| {
+                match (source, &view) {
+                    (Source::Api, Some(view)) => admission::admit(&d.pod, &admitted, view),
+                    _ => Ok(()),
+                }
+            });
+            if let Err(r) = verdict {
                 tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
                 let mut pod = d.pod.clone();
                 pod.status = Some(PodStatus {
@@ -267,7 +307,14 @@ impl PodManager {
                     ..Default::default()
                 });
                 self.ctx.pods.insert(key.clone(), pod);
-                refused.insert(key.clone(), d.uid.clone());
+                refused.insert(
+                    key.clone(),
+                    Refused {
+                        uid: d.uid.clone(),
+                        hash: d.hash.clone(),
+                        source,
+                    },
+                );
                 self.targets.send_modify(|n| *n += 1);
                 continue;
             }

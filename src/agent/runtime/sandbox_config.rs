@@ -54,7 +54,14 @@ pub fn sandbox_config(
         .sysctls
         .iter()
         .flatten()
-        .map(|s| (s.name.clone(), s.value.clone()))
+        // In dotted form, the name admission checked (`net/ipv4/tcp_rmem` reads as
+        // `net.ipv4.tcp_rmem`).
+        .map(|s| {
+            (
+                crate::agent::pods::admission::dotted_sysctl(&s.name),
+                s.value.clone(),
+            )
+        })
         .collect();
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
