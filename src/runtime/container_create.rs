@@ -306,9 +306,10 @@ impl ContainerCreator {
             host_capabilities: host_caps.as_ref(),
             hugetlb: super::cgroups::host_has_hugetlb(),
         };
+        let name = config.metadata.as_ref().map_or("", |m| m.name.as_str());
         let (mut oci, user) = spec::generate(&input).map_err(|e| match e {
             e @ SpecError::InvalidArgument { .. } => {
-                CreateError::InvalidArgument(format!("CreateContainer: {e}"))
+                CreateError::InvalidArgument(format!("CreateContainer {name}: {e}"))
             }
             e @ SpecError::SandboxMissing(_) => {
                 CreateError::FailedPrecondition(format!("CreateContainer: {e}"))

@@ -115,23 +115,59 @@ pub fn validate(r: &cri::LinuxContainerResources) -> Result<(), UpdateError> {
             ));
         }
     }
-    for (key, value) in &r.unified {
+    check_unified(&r.unified)
+        .map_err(|e| UpdateError::invalid(format!("unified[{:?}]", e.key), e.reason))?;
+    Ok(())
+}
+
+/// A `linux.resources.unified` entry Berth will not write.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid unified[{key:?}]: {reason}")]
+pub struct UnifiedKeyError {
+    pub key: String,
+    pub reason: &'static str,
+}
+
+/// cgroup core files that move processes, kill them or reshape the tree: not resources.
+const UNIFIED_REFUSED: &[&str] = &[
+    "cgroup.procs",
+    "cgroup.threads",
+    "cgroup.subtree_control",
+    "cgroup.type",
+    "cgroup.kill",
+];
+
+/// Checks the keys and values of `linux.resources.unified`, for CreateContainer and
+/// UpdateContainerResources alike: each key is joined to the container's cgroup directory and
+/// written, so it must name one interface file there (`<controller>.<name>`: ASCII letters,
+/// digits, `.`, `_` and `-`, no `/`, not starting with `.`), never a path out of it.
+pub fn check_unified(
+    unified: &std::collections::HashMap<String, String>,
+) -> Result<(), UnifiedKeyError> {
+    let mut keys: Vec<&String> = unified.keys().collect();
+    keys.sort();
+    for key in keys {
+        let refuse = |reason| {
+            Err(UnifiedKeyError {
+                key: key.clone(),
+                reason,
+            })
+        };
         if key.is_empty()
-            || key.contains('/')
+            || key.len() > 255
             || key.starts_with('.')
             || !key.contains('.')
-            || key.contains('\0')
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         {
-            return Err(UpdateError::invalid(
-                format!("unified[{key:?}]"),
-                "not a cgroup interface file name",
-            ));
+            return refuse("not a cgroup interface file name");
         }
-        if value.contains('\0') {
-            return Err(UpdateError::invalid(
-                format!("unified[{key:?}]"),
-                "the value contains a NUL byte",
-            ));
+        if UNIFIED_REFUSED.contains(&key.as_str()) {
+            return refuse("moves or kills processes, not a resource limit");
+        }
+        if unified[key].contains('\0') {
+            return refuse("the value contains a NUL byte");
         }
     }
     Ok(())
@@ -592,6 +628,14 @@ mod tests {
             },
             cri::LinuxContainerResources {
                 unified: [("../x".to_string(), "1".to_string())].into(),
+                ..res()
+            },
+            cri::LinuxContainerResources {
+                unified: [("cgroup.procs".to_string(), "1".to_string())].into(),
+                ..res()
+            },
+            cri::LinuxContainerResources {
+                unified: [("memory.high\n".to_string(), "1".to_string())].into(),
                 ..res()
             },
         ];

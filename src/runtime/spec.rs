@@ -282,6 +282,7 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
             image_user: &input.image.user,
             supplemental_groups: &sc.supplemental_groups,
             strict: sc.supplemental_groups_policy == cri::SupplementalGroupsPolicy::Strict as i32,
+            image_name: config.image.as_ref().map_or("", |i| i.image.as_str()),
         },
     )?;
 
@@ -322,7 +323,11 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
     // CAP_SYS_ADMIN, which most containers no longer hold at that point).
     process.set_no_new_privileges(sc.no_new_privs.then_some(true));
 
-    let namespaces = namespaces(&ns_opts, input.sandbox_paths)?;
+    // A private cgroup namespace on pure cgroup v2 hosts (as containerd and CRI-O give one):
+    // /sys/fs/cgroup then shows the container's own cgroup as its root. Privileged containers
+    // and cgroup v1 (or hybrid) hosts keep the host's.
+    let private_cgroup = !privileged && host_is_cgroup_v2();
+    let namespaces = namespaces(&ns_opts, input.sandbox_paths, private_cgroup)?;
     let has_uts = namespaces
         .iter()
         .any(|n| n.typ() == LinuxNamespaceType::Uts);
@@ -610,12 +615,25 @@ fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> Result<LinuxNamespace, Sp
     })
 }
 
-/// Mount ns always new, no cgroup ns; network/pid/ipc per NamespaceOption (NODE → host's,
-/// POD → the sandbox's pinned one, CONTAINER → new; network has no CONTAINER mode and joins the
-/// pod's); UTS follows network.
+/// Whether `/sys/fs/cgroup` is itself the cgroup v2 hierarchy (a pure v2 host), as
+/// libcontainer decides which cgroup filesystem to mount in the container. A hybrid host, with
+/// cgroup2 at `/sys/fs/cgroup/unified`, is not.
+pub fn host_is_cgroup_v2() -> bool {
+    const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
+    static V2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V2.get_or_init(|| {
+        rustix::fs::statfs("/sys/fs/cgroup")
+            .is_ok_and(|st| u64::try_from(st.f_type).is_ok_and(|t| t == CGROUP2_SUPER_MAGIC))
+    })
+}
+
+/// Mount ns always new; a new cgroup ns when `private_cgroup`, else the host's;
+/// network/pid/ipc per NamespaceOption (NODE → host's, POD → the sandbox's pinned one,
+/// CONTAINER → new; network has no CONTAINER mode and joins the pod's); UTS follows network.
 fn namespaces(
     opts: &cri::NamespaceOption,
     paths: &SandboxPaths,
+    private_cgroup: bool,
 ) -> Result<Vec<LinuxNamespace>, SpecError> {
     use cri::NamespaceMode as M;
     let mut out = vec![ns(LinuxNamespaceType::Mount, None)?];
@@ -684,6 +702,9 @@ fn namespaces(
     };
     if let Some(n) = pid {
         out.push(n);
+    }
+    if private_cgroup {
+        out.push(ns(LinuxNamespaceType::Cgroup, None)?);
     }
     Ok(out)
 }
@@ -1311,6 +1332,10 @@ fn resources_spec(
         b = b.hugepage_limits(hugepages);
     }
     if !r.unified.is_empty() {
+        // The same check as UpdateContainerResources: libcontainer joins each key to the
+        // container's cgroup directory and writes the value there.
+        super::container_update::check_unified(&r.unified)
+            .map_err(|e| SpecError::invalid(format!("resources.unified[{:?}]", e.key), e.reason))?;
         b = b.unified(r.unified.clone());
     }
     Ok(b.build()?)

@@ -752,7 +752,10 @@ fn namespaces_per_mode() {
     let mut f = Fixture::new("ns");
     let spec = f.spec();
     assert_eq!(ns_path(&spec, T::Mount), Some(None));
-    assert_eq!(ns_path(&spec, T::Cgroup), None);
+    assert_eq!(
+        ns_path(&spec, T::Cgroup),
+        host_is_cgroup_v2().then_some(None)
+    );
     assert_eq!(ns_path(&spec, T::User), None);
     assert_eq!(
         ns_path(&spec, T::Network),
@@ -962,7 +965,7 @@ fn cgroups_path_sysctls_rlimits_and_annotations() {
 }
 
 #[test]
-fn spec_json_has_no_inheritable_caps_and_no_cgroup_ns() {
+fn spec_json_has_no_inheritable_caps_and_a_cgroup_ns_on_v2_only() {
     let f = Fixture::new("json");
     let json = serde_json::to_value(f.spec()).unwrap();
     assert_eq!(
@@ -974,7 +977,11 @@ fn spec_json_has_no_inheritable_caps_and_no_cgroup_ns() {
         serde_json::json!([])
     );
     let ns = json["linux"]["namespaces"].as_array().unwrap();
-    assert!(ns.iter().all(|n| n["type"] != "cgroup"));
+    // oci-spec's default would add one on every host.
+    assert_eq!(
+        ns.iter().any(|n| n["type"] == "cgroup"),
+        host_is_cgroup_v2()
+    );
     assert_eq!(json["ociVersion"], "1.0.2");
     let back: Spec = serde_json::from_value(json).unwrap();
     assert_eq!(back, f.spec());
@@ -1010,4 +1017,66 @@ fn image_config_parsing() {
         parse_image_config(&serde_json::json!({"config": null, "Cmd": ["x"]})).cmd,
         ["x"]
     );
+}
+
+#[test]
+fn a_private_cgroup_namespace_only_where_asked() {
+    use LinuxNamespaceType as T;
+    let opts = cri::NamespaceOption::default();
+    let has_cgroup = |private| {
+        namespaces(&opts, &sandbox_paths(), private)
+            .unwrap()
+            .iter()
+            .filter(|n| n.typ() == T::Cgroup)
+            .map(|n| n.path().clone())
+            .collect::<Vec<_>>()
+    };
+    // A new one (no path to join), or none: the host's.
+    assert_eq!(has_cgroup(true), vec![None]);
+    assert!(has_cgroup(false).is_empty());
+    // Privileged containers keep the host's on every host, as containerd's do.
+    let mut f = Fixture::new("cgroupns");
+    f.sc().privileged = true;
+    assert_eq!(ns_path(&f.spec(), T::Cgroup), None);
+    // This host's answer agrees with the filesystem at /sys/fs/cgroup.
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    assert_eq!(host_is_cgroup_v2(), v2);
+}
+
+#[test]
+fn unified_keys_are_interface_files_of_the_own_cgroup() {
+    let mut f = Fixture::new("unified");
+    for key in [
+        "../../../../proc/sys/kernel/core_pattern",
+        "memory.high/../../x",
+        "..",
+        ".hidden.max",
+        "nodot",
+        "",
+        "memory.high\0",
+        "cgroup.procs",
+        "cgroup.subtree_control",
+        "cgroup.kill",
+    ] {
+        f.resources().unified = [(key.to_string(), "1".to_string())].into();
+        let e = f.run().unwrap_err();
+        assert!(e.is_invalid_argument(), "{key:?}: {e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("resources.unified[{key:?}]")),
+            "{e}"
+        );
+    }
+    f.resources().unified = [("memory.high".to_string(), "1\0".to_string())].into();
+    invalid(&f, "NUL");
+    f.resources().unified = [
+        ("memory.high".to_string(), "200M".to_string()),
+        ("pids.max".to_string(), "10".to_string()),
+        ("hugetlb.2MB.limit_in_bytes".to_string(), "0".to_string()),
+        ("memory.oom.group".to_string(), "1".to_string()),
+    ]
+    .into();
+    let spec = f.spec();
+    let r = linux(&spec).resources().clone().unwrap();
+    assert_eq!(r.unified().as_ref().unwrap().len(), 4);
 }
