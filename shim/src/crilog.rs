@@ -169,14 +169,29 @@ impl RecordSink for LogFile {
     }
 }
 
+/// Opens (or creates) the log for appending. The last component is never followed: a log
+/// path that names a symlink (a pod's log directory is writable by whoever can plant one) is
+/// refused, so the container's output cannot be appended to the file it points at.
 fn open_append(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o640)
-        .custom_flags(libc::O_CLOEXEC)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("open log {}: {e}", path.display())))
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "open log {}: it is a symbolic link, which the log is never written through",
+                        path.display()
+                    ),
+                )
+            } else {
+                io::Error::new(e.kind(), format!("open log {}: {e}", path.display()))
+            }
+        })
 }
 
 #[cfg(test)]
@@ -264,5 +279,24 @@ mod tests {
     fn record_format() {
         let r = format_record("T", Stream::Stderr, false, b"x y");
         assert_eq!(r, b"T stderr P x y\n");
+    }
+
+    #[test]
+    fn a_log_path_that_is_a_symlink_is_refused() {
+        let dir = std::env::temp_dir().join(format!("berth-shim-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let marker = dir.join("marker");
+        std::fs::write(&marker, "untouched").expect("marker");
+        let link = dir.join("c.log");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&marker, &link).expect("symlink");
+        let e = LogFile::open(&link).expect_err("a symlinked log must be refused");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&marker).expect("read"), "untouched");
+        std::fs::remove_file(&link).expect("unlink");
+        let mut log = LogFile::open(&link).expect("a plain log opens");
+        log.record(Stream::Stdout, true, b"hi").expect("record");
+        assert!(log.reopen().is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
