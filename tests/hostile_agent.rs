@@ -1,7 +1,8 @@
 //! Hostile pods against the agent: subPaths that try to leave their volume (a symlink planted by
 //! an init container, `..`, an absolute path), runAsNonRoot on a root image or with runAsUser 0,
 //! and the read-only status port off by default; the planted symlink also from a pod of a real
-//! API server, with its event. Whatever an escape would reach is a directory the test made.
+//! API server, with its event; sysctls outside the kubelet's allowlist refused at admission.
+//! Whatever an escape would reach is a directory the test made.
 
 mod agent_support;
 #[path = "agent_support/cluster_node.rs"]
@@ -486,4 +487,123 @@ async fn a_subpath_symlink_from_an_api_pod_is_refused_with_its_event() {
     n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "escape", "--wait=false"]);
     n.agent.finish().await;
     assert_eq!(snapshot(host.path()), before);
+}
+
+/// A pod on the test's network (or the host's) setting sysctl `name` to `value`.
+fn sysctl_pod(pod: &str, name: &str, value: &str, host_network: bool) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod}\nspec:\n  hostNetwork: {host_network}\n  terminationGracePeriodSeconds: 1\n  securityContext:\n    sysctls:\n    - name: {name}\n      value: {value:?}\n  containers:\n  - name: main\n    image: {img}\n    command: [\"sleep\", \"3600\"]\n",
+        img = image("busybox")
+    )
+}
+
+/// Waits until `pod` is refused at admission; asserts the kubelet's reason and `message`, and
+/// that it has no sandbox and no container a few sync periods later.
+async fn assert_sysctl_forbidden(a: &Agent, pod: &str, message: &str) {
+    let p = a.wait_pod("default", pod, "the pod refused at admission", |p| {
+        p["status"]["phase"] == "Failed" || running(p, "main")
+    });
+    assert_eq!(p["status"]["phase"], "Failed", "{pod}: {p}");
+    assert_eq!(p["status"]["reason"], "SysctlForbidden", "{pod}: {p}");
+    assert_eq!(p["status"]["message"], message, "{pod}");
+    std::thread::sleep(Duration::from_secs(2));
+    let p = a.pod("default", pod).expect("pod");
+    assert_eq!(p["status"]["phase"], "Failed", "{pod}: {p}");
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    let c = a.daemon.client().await;
+    let own: Vec<_> = sandboxes(&c)
+        .await
+        .into_iter()
+        .filter(|sb| sb.metadata.as_ref().is_some_and(|m| m.uid == uid))
+        .collect();
+    assert!(own.is_empty(), "{pod} got a sandbox: {own:?}");
+    assert!(
+        instances(a, uid, "main").await.is_empty(),
+        "{pod} got a container"
+    );
+}
+
+/// What `cat path` prints in the running container `main` of `pod`.
+async fn read_in_pod(a: &Agent, pod: &str, path: &str) -> String {
+    let p = a.wait_pod("default", pod, "the pod running", |p| running(p, "main"));
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    let c = a.daemon.client().await;
+    let id = running_container(&c, uid, "main").await;
+    common::exec_ok(&c, &id, &["cat", path])
+        .await
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_sysctls_are_refused_unless_allowed() {
+    let net = cni_support::TestNet::new("hasy");
+    net.bridge_up();
+    net.write("10-test.conflist", &net.standard());
+    let a = Agent::start_with(&net.daemon_args());
+    // An unsafe IPC sysctl, a safe net one on the pod's network, and the same safe one on the
+    // host's network.
+    a.write(
+        "msg.yaml",
+        &sysctl_pod("msg", "kernel.msgmax", "12345", false),
+    );
+    a.write(
+        "port.yaml",
+        &sysctl_pod("port", "net.ipv4.ip_unprivileged_port_start", "80", false),
+    );
+    a.write(
+        "host-port.yaml",
+        &sysctl_pod(
+            "host-port",
+            "net/ipv4/ip_unprivileged_port_start",
+            "80",
+            true,
+        ),
+    );
+    assert_sysctl_forbidden(
+        &a,
+        "msg",
+        "forbidden sysctl: \"kernel.msgmax\" not allowlisted",
+    )
+    .await;
+    assert_sysctl_forbidden(
+        &a,
+        "host-port",
+        "forbidden sysctl: \"net.ipv4.ip_unprivileged_port_start\" not allowed with host net enabled",
+    )
+    .await;
+    assert_eq!(
+        read_in_pod(&a, "port", "/proc/sys/net/ipv4/ip_unprivileged_port_start").await,
+        "80"
+    );
+    // The host's own value is untouched.
+    assert_ne!(
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+            .expect("host sysctl")
+            .trim(),
+        "80"
+    );
+    a.finish().await;
+    drop(a);
+
+    // Allowed by the node, the unsafe sysctl reaches the pod's IPC namespace.
+    let a = Agent::start_with_config(
+        &net.daemon_args(),
+        "allowed_unsafe_sysctls = [\"kernel.msg*\"]\n",
+    );
+    a.write(
+        "msg.yaml",
+        &sysctl_pod("msg", "kernel.msgmax", "12345", false),
+    );
+    assert_eq!(
+        read_in_pod(&a, "msg", "/proc/sys/kernel/msgmax").await,
+        "12345"
+    );
+    assert_ne!(
+        std::fs::read_to_string("/proc/sys/kernel/msgmax")
+            .expect("host sysctl")
+            .trim(),
+        "12345"
+    );
+    a.finish().await;
 }
