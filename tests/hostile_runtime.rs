@@ -1,9 +1,9 @@
 //! Hostile requests and images against the runtime's spec side, played through CRI against a
-//! real berthd: the reserved id 4294967295 (an image `User`, a passwd entry, a request's ids),
-//! `linux.resources.unified` keys that climb out of the container's cgroup, an image whose
-//! /etc/passwd is a FIFO, a device or oversized, a CRI log path that is a symlink to a file the
-//! test owns, and the cgroup namespace containers get. Each attack aims at marker files in a
-//! temp directory, never at a host file that matters.
+//! real berthd: the reserved id 4294967295 (an image `User` pulled or imported, a passwd entry,
+//! a request's ids), `linux.resources.unified` keys that climb out of the container's cgroup,
+//! an image whose /etc/passwd is a FIFO, a device or oversized, a CRI log path that is a
+//! symlink to a file the test owns, and the cgroup namespace containers get. Each attack aims
+//! at marker files in a temp directory, never at a host file that matters.
 
 mod common;
 
@@ -290,6 +290,28 @@ async fn the_reserved_id_never_runs_as_root() {
             &[&img.repo, "4294967295", "not a valid id"],
         );
         assert!(status(&env.c, &r).await.is_none(), "{r} was recorded");
+        // The same image from an archive, through the import that reads the same config.
+        let dir = TempDir::new("reserved-archive");
+        let archive = dir.path().join("image.tar");
+        skopeo(&[
+            "--src-tls-verify=false",
+            &format!("docker://{r}"),
+            &format!("oci-archive:{}:{r}", archive.display()),
+        ]);
+        let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+            .arg("-r")
+            .arg(format!("unix://{}", env.d.socket().display()))
+            .args(["image", "import"])
+            .arg(&archive)
+            .output()
+            .expect("run berthctl");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "import of {user:?} succeeded");
+        assert!(
+            stderr.contains("4294967295") && stderr.contains("not a valid id"),
+            "{stderr}"
+        );
+        assert!(status(&env.c, &r).await.is_none(), "{r} was imported");
     }
 
     // A named user whose passwd entry carries the reserved uid: the image reports a name
