@@ -490,6 +490,25 @@ async fn a_symlinked_log_path_is_never_written_through() {
     );
     assert_eq!(std::fs::read_to_string(&marker).expect("marker"), content);
 
+    // A log path that leaves the pod's log directory: absolute, or climbing out of it.
+    for bad in [
+        marker.display().to_string(),
+        format!("../../../../../../../..{}", marker.display()),
+    ] {
+        let mut config = container("escaping", &image("busybox"), "echo pwned; sleep 60");
+        config.log_path = bad.clone();
+        refused(
+            env.create(config).await,
+            Code::InvalidArgument,
+            &["log_path", &bad],
+        );
+        assert_eq!(
+            std::fs::read_to_string(&marker).expect("marker"),
+            content,
+            "{bad}"
+        );
+    }
+
     // A running container's log replaced by a link before a rotation's reopen.
     let script = "while true; do echo pwned; sleep 0.1; done";
     let id = env

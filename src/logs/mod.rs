@@ -123,6 +123,17 @@ impl<W: Write> Printer<'_, W> {
     }
 }
 
+/// Opens a container's log for reading without following a link in its last component: the
+/// log directory is the pod's, and a link planted there must not make berthd (root) read
+/// another file of the host.
+fn open_log(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Copies the log at `path` to `out` as `opts` asks and returns the bytes written. With
 /// `follow`, keeps reading as the file grows and moves to the new file when the log is rotated,
 /// until `running` says the container has ended and everything written is shown (or `out`
@@ -133,7 +144,7 @@ pub fn copy<W: Write>(
     out: &mut W,
     running: &mut dyn FnMut() -> bool,
 ) -> io::Result<u64> {
-    let mut file = File::open(path)?;
+    let mut file = open_log(path)?;
     let start = match opts.tail_lines {
         Some(n) => tail_offset(&mut file, n)?,
         None => 0,
@@ -172,7 +183,7 @@ pub fn copy<W: Write>(
                 && identity(&meta) != current
             {
                 // Rotated: the old file is read to its end; go on with the new one from its start.
-                let file = File::open(path)?;
+                let file = open_log(path)?;
                 current = identity(&file.metadata()?);
                 reader = BufReader::with_capacity(64 * 1024, file);
                 continue;

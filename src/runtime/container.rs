@@ -337,6 +337,7 @@ impl ContainerManager {
             CreateError::InvalidArgument("CreateContainer: config is missing".into())
         })?;
         let meta = config.metadata.clone().unwrap_or_default();
+        check_log_path(&meta.name, &config.log_path)?;
         let sandbox_name = req
             .sandbox_config
             .as_ref()
@@ -959,8 +960,33 @@ pub fn cri_state(s: ContainerState) -> i32 {
     }
 }
 
+/// A container's `log_path` is relative to its pod's log directory, and must stay there: an
+/// absolute path or a `..` would have the shim create and append to any file of the host.
+fn check_log_path(name: &str, log_path: &str) -> Result<(), CreateError> {
+    let path = std::path::Path::new(log_path);
+    if path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(CreateError::InvalidArgument(format!(
+            "CreateContainer {name}: log_path {log_path:?} must be relative to the pod's log directory, without \"..\""
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn log_paths_stay_in_the_pods_log_directory() {
+        assert!(check_log_path("c", "c/0.log").is_ok());
+        assert!(check_log_path("c", "c.log").is_ok());
+        for bad in ["/etc/passwd", "../../etc/cron.d/x", "c/../../x"] {
+            assert!(check_log_path("c", bad).is_err(), "{bad}");
+        }
+    }
     use super::*;
 
     #[test]
