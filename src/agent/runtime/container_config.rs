@@ -200,8 +200,26 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
     if !v.contains("$(") {
         return v.to_string();
     }
+    let lookup = |name: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    expand_references(v, lookup).0
+}
+
+/// `text` with each `$(NAME)` replaced by `lookup(NAME)` and `$$` by `$`, as the kubelet
+/// expands env values, commands and subPathExpr; a reference `lookup` has no value for stays as
+/// written, and its name is returned (each once, in order of appearance).
+pub fn expand_references(
+    text: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> (String, Vec<String>) {
     let mut out = String::new();
-    let mut rest = v;
+    let mut unresolved: Vec<String> = Vec::new();
+    let mut rest = text;
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
         let after = &rest[i + 1..];
@@ -212,15 +230,14 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
             && let Some(end) = inner.find(')')
         {
             let name = &inner[..end];
-            let found = c
-                .env
-                .iter()
-                .flatten()
-                .find(|e| e.name == name)
-                .and_then(|e| e.value.clone());
-            match found {
+            match lookup(name) {
                 Some(val) => out.push_str(&val),
-                None => out.push_str(&format!("$({name})")),
+                None => {
+                    out.push_str(&format!("$({name})"));
+                    if !unresolved.iter().any(|u| u == name) {
+                        unresolved.push(name.to_string());
+                    }
+                }
             }
             rest = &inner[end + 1..];
         } else {
@@ -229,7 +246,7 @@ fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
         }
     }
     out.push_str(rest);
-    out
+    (out, unresolved)
 }
 
 /// The configMap or secret key an env value names: kind, object, key, optional.

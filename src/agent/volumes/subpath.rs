@@ -54,34 +54,10 @@ pub fn check_text(sub_path: &str) -> Result<(), String> {
 /// `$(VAR)` in a subPathExpr replaced by the container's env values (`$$` is a `$`); a name
 /// without a value is an error, as the kubelet's.
 pub fn expand(expr: &str, env: impl Fn(&str) -> Option<String>) -> Result<String, String> {
-    let mut out = String::new();
-    let mut missing: Vec<String> = Vec::new();
-    let mut rest = expr;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-        {
-            let name = &inner[..end];
-            match env(name).filter(|v| !v.is_empty()) {
-                Some(v) => out.push_str(&v),
-                None => {
-                    if !missing.iter().any(|m| m == name) {
-                        missing.push(name.to_string());
-                    }
-                }
-            }
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
+    let (out, mut missing) =
+        crate::agent::runtime::container_config::expand_references(expr, |name| {
+            env(name).filter(|v| !v.is_empty())
+        });
     if !missing.is_empty() {
         missing.sort();
         return Err(format!("missing value for {}", missing.join(", ")));

@@ -640,6 +640,21 @@ impl PodWorker {
             Some((reason.to_string(), message));
     }
 
+    /// A container that cannot be created for its config (the kubelet's
+    /// CreateContainerConfigError): logged, a Warning `Failed` event, the waiting reason, and
+    /// its back-off from `now`.
+    fn config_error(&mut self, container: &str, now: Instant, what: &str, e: String) {
+        tracing::warn!(pod = %self.pod_ref(), container = %container, error = %e, "{what}");
+        self.event(
+            Some(container),
+            EventType::Warning,
+            "Failed",
+            format!("Error: {e}"),
+        );
+        self.set_waiting(container, "CreateContainerConfigError", e);
+        self.create_failed.insert(container.to_string(), now);
+    }
+
     /// When a CRI timestamp (ns) happened, as an Instant.
     fn instant_of(ns: i64) -> Instant {
         let now_wall = SystemTime::now()
@@ -725,15 +740,7 @@ impl PodWorker {
         let mut config = match container_config(self.pod(), c, restart_count, &cctx) {
             Ok(config) => config,
             Err(e) => {
-                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "container config");
-                self.event(
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {e}"),
-                );
-                self.set_waiting(&c.name, "CreateContainerConfigError", e);
-                self.create_failed.insert(c.name.clone(), now);
+                self.config_error(&c.name, now, "container config", e);
                 return;
             }
         };
@@ -746,15 +753,7 @@ impl PodWorker {
             // A subPath refused (leaving its volume) or not made ready: the kubelet's config
             // error, as for the rest of the container's config.
             Err(MountError::SubPath(e)) => {
-                tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "subPath refused");
-                self.event(
-                    Some(&c.name),
-                    EventType::Warning,
-                    "Failed",
-                    format!("Error: {e}"),
-                );
-                self.set_waiting(&c.name, "CreateContainerConfigError", e);
-                self.create_failed.insert(c.name.clone(), now);
+                self.config_error(&c.name, now, "subPath refused", e);
                 return;
             }
             Err(MountError::Volume(e)) => {
@@ -769,15 +768,7 @@ impl PodWorker {
             }
         }
         if let Err(e) = self.check_non_root(c, &image).await {
-            tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "runAsNonRoot refused");
-            self.event(
-                Some(&c.name),
-                EventType::Warning,
-                "Failed",
-                format!("Error: {e}"),
-            );
-            self.set_waiting(&c.name, "CreateContainerConfigError", e);
-            self.create_failed.insert(c.name.clone(), now);
+            self.config_error(&c.name, now, "runAsNonRoot refused", e);
             return;
         }
         if !super::userns::host_users(self.pod()) && self.userns.is_none() {
