@@ -19,13 +19,14 @@ run: build
 	./target/release/berthd $(ARGS)
 
 # The whole suite: registries and test images, the stock kubelet and control plane (built once,
-# cached), unit and integration tests, lints.
+# cached), unit and integration tests, lints. One build per run: no incremental caches (GiBs of
+# disk for a build made once), unless CARGO_INCREMENTAL says otherwise.
 test: deps
 	$(CARGO) fmt --all -- --check
 	mkdir -p target
 	bash hack/test-env.sh > target/test-env.sh
 	bash hack/kubernetes.sh >> target/test-env.sh
-	. target/test-env.sh && $(CARGO) nextest run --workspace --no-fail-fast
+	. target/test-env.sh && CARGO_INCREMENTAL=$${CARGO_INCREMENTAL:-0} $(CARGO) nextest run --workspace --no-fail-fast
 	bash hack/fuzz.sh smoke
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 

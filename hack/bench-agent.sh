@@ -23,8 +23,8 @@ pid=
 cat >"$work/config.toml" <<TOML
 [agent.eviction_hard]
 "memory.available" = "100Mi"
-"nodefs.available" = "1%"
-"imagefs.available" = "1%"
+"nodefs.available" = "256Mi"
+"imagefs.available" = "256Mi"
 TOML
 # The run's own CNI network for the networked pods.
 bridge=bb$(printf '%04x' $((RANDOM % 65536)))

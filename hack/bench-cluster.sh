@@ -71,9 +71,9 @@ pod_log_dir = "$d/logs"
 cgroup_root = "/$CG-$kind-$net"
 [agent.eviction_hard]
 "memory.available" = "100Mi"
-"nodefs.available" = "1%"
+"nodefs.available" = "256Mi"
 "nodefs.inodesFree" = "1%"
-"imagefs.available" = "1%"
+"imagefs.available" = "256Mi"
 "imagefs.inodesFree" = "1%"
 TOML
     "$BERTHD" "${common[@]}" --config "$d/berth.toml" --kubeconfig "$d/node.kubeconfig" --node-name "$NODE" \
@@ -100,7 +100,7 @@ readOnlyPort: 0
 healthzPort: 0
 makeIPTablesUtilChains: false
 serializeImagePulls: false
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+evictionHard: {memory.available: 100Mi, nodefs.available: 256Mi, nodefs.inodesFree: 1%, imagefs.available: 256Mi}
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $P/ca.crt}}
 authorization: {mode: AlwaysAllow}
 YAML

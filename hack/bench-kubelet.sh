@@ -113,7 +113,7 @@ healthzBindAddress: 127.0.0.1
 healthzPort: $healthz
 makeIPTablesUtilChains: false
 serializeImagePulls: false
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+evictionHard: {memory.available: 100Mi, nodefs.available: 256Mi, nodefs.inodesFree: 1%, imagefs.available: 256Mi}
 authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 YAML

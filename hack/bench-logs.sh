@@ -40,8 +40,8 @@ container_log_monitor_interval_secs = 10.0
 # A busy build machine's disk must not stop the writer from being admitted.
 [agent.eviction_hard]
 "memory.available" = "100Mi"
-"nodefs.available" = "1%"
-"imagefs.available" = "1%"
+"nodefs.available" = "256Mi"
+"imagefs.available" = "256Mi"
 TOML
   sock=$d/state/berth.sock
   "$BERTHD" --config "$d/config.toml" --root "$d/root" --state-dir "$d/state" --socket "$sock" \

@@ -61,9 +61,9 @@ pod_log_dir = "$d/logs"
 cgroup_root = "/$CG-$kind"
 [agent.eviction_hard]
 "memory.available" = "100Mi"
-"nodefs.available" = "1%"
+"nodefs.available" = "256Mi"
 "nodefs.inodesFree" = "1%"
-"imagefs.available" = "1%"
+"imagefs.available" = "256Mi"
 "imagefs.inodesFree" = "1%"
 TOML
     "$BERTHD" --root "$d/root" --state-dir "$d/state" --socket "$sock" --insecure-registry "$REG" \
@@ -93,7 +93,7 @@ makeIPTablesUtilChains: false
 serializeImagePulls: false
 # Rotation at the default 10 Mi would leave kubectl logs only the last file of the 100 MiB.
 containerLogMaxSize: 200Mi
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+evictionHard: {memory.available: 100Mi, nodefs.available: 256Mi, nodefs.inodesFree: 1%, imagefs.available: 256Mi}
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $P/ca.crt}}
 authorization: {mode: AlwaysAllow}
 YAML

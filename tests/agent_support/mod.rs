@@ -44,14 +44,14 @@ impl Agent {
 
     /// With extra berthd flags and extra lines for the `[agent]` section of the config file.
     ///
-    /// Unless `agent_toml` sets `[agent.eviction_hard]` itself, the disk thresholds are 1 %: the
-    /// kubelet's defaults (10 % / 15 %) would put this crowded build machine under DiskPressure
-    /// and refuse every pod.
+    /// Unless `agent_toml` sets `[agent.eviction_hard]` itself, the disk thresholds are 256 MiB
+    /// free: the kubelet's defaults (10 % / 15 %), or any percentage of a large, crowded build
+    /// disk, would put the node under DiskPressure and refuse every pod.
     pub fn start_with_config(extra: &[String], agent_toml: &str) -> Self {
         let thresholds = if agent_toml.contains("eviction_hard") {
             ""
         } else {
-            "[agent.eviction_hard]\n\"memory.available\" = \"100Mi\"\n\"nodefs.available\" = \"1%\"\n\"nodefs.inodesFree\" = \"1%\"\n\"imagefs.available\" = \"1%\"\n\"imagefs.inodesFree\" = \"1%\"\n"
+            "[agent.eviction_hard]\n\"memory.available\" = \"100Mi\"\n\"nodefs.available\" = \"256Mi\"\n\"nodefs.inodesFree\" = \"1%\"\n\"imagefs.available\" = \"256Mi\"\n\"imagefs.inodesFree\" = \"1%\"\n"
         };
         let manifests = TempDir::new("manifests");
         let logs = TempDir::new("podlogs");

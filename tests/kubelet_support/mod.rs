@@ -186,7 +186,7 @@ impl Kubelet {
              makeIPTablesUtilChains: false\n\
              serializeImagePulls: false\n\
              nodeStatusUpdateFrequency: 2s\n\
-             evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  nodefs.inodesFree: 1%\n  imagefs.available: 1%\n\
+             evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 256Mi\n  nodefs.inodesFree: 1%\n  imagefs.available: 256Mi\n\
              {auth}{extra}\n",
             manifests = self.manifests().display(),
             address = self.opts.address.as_deref().unwrap_or("127.0.0.1"),
