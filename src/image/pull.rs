@@ -138,6 +138,26 @@ fn registry_error(image: &ImageRef, what: &str, e: OciDistributionError) -> Imag
     }
 }
 
+/// The error of a blob's download stream (`what`: "config" or "layer"): a digest that did not
+/// verify (oci-client checks it at the end of the stream too) is corrupt content; anything else
+/// is the registry being unavailable.
+fn blob_stream_error(image: &ImageRef, what: &str, digest: &str, e: &std::io::Error) -> ImageError {
+    let text = error_chain(e);
+    let digest_failed = e
+        .get_ref()
+        .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
+    if digest_failed || text.contains("Invalid digest") {
+        ImageError::Corrupt(format!(
+            "{what} {digest} of {image} failed verification: {text}"
+        ))
+    } else {
+        ImageError::Unavailable {
+            registry: image.registry.clone(),
+            reason: format!("downloading {what} {digest}: {text}"),
+        }
+    }
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -339,23 +359,7 @@ impl Inner {
             .map_err(|e| registry_error(image, &format!("fetching config {}", desc.digest), e))?;
         let mut buf = Vec::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                let text = error_chain(&e);
-                let digest_failed = e
-                    .get_ref()
-                    .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
-                if digest_failed || text.contains("Invalid digest") {
-                    ImageError::Corrupt(format!(
-                        "config {} of {image} failed verification: {text}",
-                        desc.digest
-                    ))
-                } else {
-                    ImageError::Unavailable {
-                        registry: image.registry.clone(),
-                        reason: format!("downloading config {}: {text}", desc.digest),
-                    }
-                }
-            })?;
+            let chunk = chunk.map_err(|e| blob_stream_error(image, "config", &desc.digest, &e))?;
             if (buf.len() + chunk.len()) as u64 > declared {
                 return Err(ImageError::Corrupt(format!(
                     "config {} of {image} is larger than the {declared} bytes its manifest declares",
@@ -572,22 +576,7 @@ impl Inner {
             let chunk = match chunk {
                 Ok(c) => c,
                 Err(e) => {
-                    let text = error_chain(&e);
-                    // oci-client checks the digest at the end of the stream too.
-                    let digest_failed = e
-                        .get_ref()
-                        .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>());
-                    stream_error = Some(if digest_failed || text.contains("Invalid digest") {
-                        ImageError::Corrupt(format!(
-                            "layer {} of {image} failed verification: {text}",
-                            desc.digest
-                        ))
-                    } else {
-                        ImageError::Unavailable {
-                            registry: image.registry.clone(),
-                            reason: format!("downloading layer {}: {text}", desc.digest),
-                        }
-                    });
+                    stream_error = Some(blob_stream_error(image, "layer", &desc.digest, &e));
                     break;
                 }
             };
