@@ -207,6 +207,25 @@ pub fn copy<W: Write>(
     Ok(printer.written)
 }
 
+/// Lines of a container's log read for its termination message (FallbackToLogsOnError), as
+/// the kubelet.
+pub const TERMINATION_TAIL_LINES: u64 = 80;
+/// At most this many bytes (the last ones) of those lines make the message, as the kubelet.
+pub const TERMINATION_TAIL_BYTES: usize = 2048;
+
+/// The end of a container's log as its termination message: the text of the last
+/// [`TERMINATION_TAIL_LINES`] records, of which the last [`TERMINATION_TAIL_BYTES`] bytes.
+pub fn termination_tail(path: &Path) -> io::Result<String> {
+    let opts = LogOptions {
+        tail_lines: Some(TERMINATION_TAIL_LINES),
+        ..Default::default()
+    };
+    let mut text = Vec::new();
+    copy(path, &opts, &mut text, &mut || false)?;
+    let from = text.len().saturating_sub(TERMINATION_TAIL_BYTES);
+    Ok(String::from_utf8_lossy(&text[from..]).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +274,34 @@ mod tests {
         let mut out = Vec::new();
         copy(&path, &opts, &mut out, &mut || false).expect("copy");
         String::from_utf8(out).expect("utf8")
+    }
+
+    #[test]
+    fn termination_tail_is_the_last_lines_last_bytes() {
+        let (_d, path) = write_log(&LINES);
+        assert_eq!(
+            termination_tail(&path).expect("tail"),
+            "one\ntwo\nthree\nfour\n"
+        );
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("2026-12-03T10:00:00Z stdout F line {i:03} {}", "x".repeat(40)))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let (_d, path) = write_log(&many);
+        let tail = termination_tail(&path).expect("tail");
+        assert_eq!(tail.len(), TERMINATION_TAIL_BYTES);
+        assert!(tail.ends_with(&format!("line 099 {}\n", "x".repeat(40))), "{tail}");
+        // 80 lines of 50 bytes hold more than 2 KiB: 40 whole lines and the end of one more.
+        assert!(tail.starts_with("ne 059 xxx") && tail.contains("line 060 "), "{tail}");
+        assert!(!tail.contains("line 059 "), "{tail}");
+        // Short lines: the last 80 of them.
+        let short: Vec<String> = (0..100)
+            .map(|i| format!("2026-12-03T10:00:00Z stderr F {i}"))
+            .collect();
+        let short: Vec<&str> = short.iter().map(String::as_str).collect();
+        let (_d, path) = write_log(&short);
+        let tail = termination_tail(&path).expect("tail");
+        assert!(tail.starts_with("20\n21\n") && tail.ends_with("99\n"), "{tail}");
     }
 
     #[test]

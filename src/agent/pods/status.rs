@@ -65,6 +65,33 @@ fn terminated(s: &cri::ContainerStatus, runtime: &str) -> ContainerState {
     }
 }
 
+/// All termination messages of a pod together hold at most this many bytes (the kubelet's
+/// budget, shared evenly by its containers).
+pub const POD_TERMINATION_MESSAGES_BYTES: usize = 12 * 1024;
+
+/// Cuts each terminated state's message (current and last) to the pod's budget shared by its
+/// containers, init containers included, as the kubelet's status manager does.
+pub fn limit_termination_messages(init: &mut [ContainerStatus], regular: &mut [ContainerStatus]) {
+    let count = init.len() + regular.len();
+    if count == 0 {
+        return;
+    }
+    let each = POD_TERMINATION_MESSAGES_BYTES / count;
+    for st in init.iter_mut().chain(regular.iter_mut()) {
+        for state in [st.state.as_mut(), st.last_state.as_mut()].into_iter().flatten() {
+            if let Some(m) = state.terminated.as_mut().and_then(|t| t.message.as_mut())
+                && m.len() > each
+            {
+                let mut end = each;
+                while !m.is_char_boundary(end) {
+                    end -= 1;
+                }
+                m.truncate(end);
+            }
+        }
+    }
+}
+
 /// Whether a CRI container is running.
 pub fn is_running(s: &cri::ContainerStatus) -> bool {
     s.state == cri::ContainerState::ContainerRunning as i32
@@ -174,6 +201,48 @@ pub fn phase(restart_policy: &str, p: &PhaseInput) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn termination_messages_share_the_pods_budget() {
+        let term = |m: &str| ContainerStatus {
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    message: Some(m.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            last_state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    message: Some(m.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let message = |s: &ContainerStatus| {
+            let get = |st: &Option<ContainerState>| {
+                st.as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .and_then(|t| t.message.clone())
+                    .unwrap_or_default()
+            };
+            (get(&s.state), get(&s.last_state))
+        };
+        let big = "é".repeat(4000);
+        let mut init = vec![term(&big)];
+        let mut regular = vec![term("short"), term(&big)];
+        limit_termination_messages(&mut init, &mut regular);
+        // 12 KiB over 3 containers: 4096 bytes each, cut on a character boundary.
+        let (now, last) = message(&init[0]);
+        assert_eq!((now.len(), last.len()), (4096, 4096));
+        assert_eq!(message(&regular[0]), ("short".into(), "short".into()));
+        assert_eq!(message(&regular[1]).0.len(), 4096);
+        let mut alone = vec![term(&"x".repeat(20_000))];
+        limit_termination_messages(&mut [], &mut alone);
+        assert_eq!(message(&alone[0]).0.len(), POD_TERMINATION_MESSAGES_BYTES);
+    }
 
     #[test]
     fn phases() {

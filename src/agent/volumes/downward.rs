@@ -177,11 +177,15 @@ pub fn resource_value(
         }
         other => return Err(format!("unsupported resource {other:?}")),
     };
+    // The API server fills in a divisor of "0" when the pod names none: as the kubelet, a zero
+    // divisor is 1.
     let divisor = match sel.divisor.as_ref().map(|q| q.0.as_str()) {
         None | Some("") => 1.0,
-        Some(d) => parse_quantity(d)
-            .filter(|v| *v > 0.0)
-            .ok_or_else(|| format!("invalid divisor {d:?}"))?,
+        Some(d) => match parse_quantity(d) {
+            Some(v) if v == 0.0 => 1.0,
+            Some(v) if v > 0.0 => v,
+            _ => return Err(format!("invalid divisor {d:?}")),
+        },
     };
     Ok(in_divisor_units(kind, amount, divisor).to_string())
 }
@@ -420,6 +424,24 @@ mod tests {
         );
         assert_eq!(ceil_near(0.1 * 1000.0), 100);
         assert_eq!(ceil_near(100.5), 101);
+    }
+
+    #[test]
+    fn the_api_servers_zero_divisor_is_one() {
+        // What the API server sends for a resourceFieldRef given without a divisor.
+        assert_eq!(resource("c", "limits.memory", Some("0")), "67108864");
+        assert_eq!(resource("c", "requests.cpu", Some("0")), "1");
+        let p = pod();
+        let sel = ResourceFieldSelector {
+            container_name: None,
+            resource: "limits.memory".into(),
+            divisor: Some(Quantity("-1".into())),
+        };
+        let c = find_container(&p, "c").expect("container");
+        assert_eq!(
+            resource_value(c, &sel, &node()),
+            Err("invalid divisor \"-1\"".to_string())
+        );
     }
 
     #[test]

@@ -606,7 +606,11 @@ impl PodWorker {
                     })
                     .await
                 {
-                    Ok(r) => r.into_inner().status.unwrap_or_default(),
+                    Ok(r) => {
+                        let mut st = r.into_inner().status.unwrap_or_default();
+                        fall_back_to_logs(&mut st);
+                        st
+                    }
                     Err(e) if e.code() == tonic::Code::NotFound => continue,
                     Err(e) => return Err(format!("ContainerStatus {}: {}", c.id, e.message())),
                 },
@@ -758,11 +762,10 @@ impl PodWorker {
             }
             Err(MountError::Volume(e)) => {
                 tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "volume setup failed");
-                self.set_waiting(
-                    &c.name,
-                    "ContainerCreating",
-                    format!("MountVolume.SetUp failed: {e}"),
-                );
+                let message = mount_failure(&e);
+                // The pod's event, as the kubelet's volume manager records each failed set-up.
+                self.event(None, EventType::Warning, "FailedMount", message.clone());
+                self.set_waiting(&c.name, "ContainerCreating", message);
                 self.create_failed.insert(c.name.clone(), now);
                 return;
             }
@@ -1198,6 +1201,44 @@ pub fn default_pull_policy(image: &str) -> &'static str {
     }
 }
 
+
+/// An exited container's termination message from the end of its log, as the kubelet: when its
+/// policy is FallbackToLogsOnError, it failed, it ran (not ContainerCannotRun) and it wrote no
+/// termination message file.
+fn fall_back_to_logs(st: &mut cri::ContainerStatus) {
+    let fallback = st.state == cri::ContainerState::ContainerExited as i32
+        && st.exit_code != 0
+        && st.reason != "ContainerCannotRun"
+        && st.message.is_empty()
+        && st
+            .annotations
+            .get(labels::TERMINATION_MESSAGE_POLICY)
+            .is_some_and(|p| p == "FallbackToLogsOnError");
+    if !fallback || st.log_path.is_empty() {
+        return;
+    }
+    match crate::logs::termination_tail(std::path::Path::new(&st.log_path)) {
+        Ok(tail) => st.message = tail,
+        Err(e) => {
+            tracing::warn!(container = %st.id, log = %st.log_path, error = %e, "reading the log for the termination message");
+        }
+    }
+}
+
+/// The kubelet's message for a volume that could not be set up: `MountVolume.SetUp failed for
+/// volume "<name>" : <why>` (the volume code names the volume as `volume "<name>": <why>`).
+fn mount_failure(e: &str) -> String {
+    if e.starts_with("MountVolume.") {
+        return e.to_string();
+    }
+    if let Some(rest) = e.strip_prefix("volume \"")
+        && let Some((name, why)) = rest.split_once("\": ")
+    {
+        return format!("MountVolume.SetUp failed for volume \"{name}\" : {why}");
+    }
+    format!("MountVolume.SetUp failed: {e}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1212,5 +1253,18 @@ mod tests {
             "IfNotPresent"
         );
         assert_eq!(default_pull_policy("busybox@sha256:abc"), "IfNotPresent");
+    }
+
+    #[test]
+    fn mount_failures_read_as_the_kubelets() {
+        assert_eq!(
+            mount_failure("volume \"info\": downwardAPI item \"x\": bad"),
+            "MountVolume.SetUp failed for volume \"info\" : downwardAPI item \"x\": bad"
+        );
+        assert_eq!(
+            mount_failure("MountVolume.SetUp failed for volume \"s\" : secret \"nope\" not found"),
+            "MountVolume.SetUp failed for volume \"s\" : secret \"nope\" not found"
+        );
+        assert_eq!(mount_failure("odd"), "MountVolume.SetUp failed: odd");
     }
 }

@@ -146,6 +146,7 @@ impl PodWorker {
         } else {
             self.pod_ip.clone()
         };
+        status::limit_termination_messages(&mut init_statuses, &mut statuses);
         let mut pod = self.pod().clone();
         pod.spec.get_or_insert_default().node_name = Some(self.ctx.node.name.clone());
         pod.metadata.creation_timestamp = Some(self.start_time.clone());
