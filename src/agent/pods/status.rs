@@ -41,6 +41,8 @@ pub struct ContainerView<'a> {
     pub started: bool,
     /// `<runtime>://` prefix of container IDs.
     pub runtime_name: &'a str,
+    /// An init container: ready once it exited with 0, as the kubelet reports it.
+    pub init: bool,
 }
 
 fn terminated(s: &cri::ContainerStatus, runtime: &str) -> ContainerState {
@@ -147,7 +149,11 @@ pub fn container_status(v: &ContainerView<'_>) -> ContainerStatus {
             .and_then(|l| l.metadata.as_ref())
             .map(|m| m.attempt as i32)
             .unwrap_or(0),
-        ready: running && v.ready,
+        ready: if v.init {
+            latest.is_some_and(|l| is_exited(l) && l.exit_code == 0)
+        } else {
+            running && v.ready
+        },
         started: Some(running && v.started),
         state: Some(state),
         last_state: last_state.map(Some).unwrap_or_default(),
@@ -201,6 +207,33 @@ pub fn phase(restart_policy: &str, p: &PhaseInput) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finished_init_container_is_ready_and_a_finished_container_is_not() {
+        let exited = |code| cri::ContainerStatus {
+            id: "c1".into(),
+            state: cri::ContainerState::ContainerExited as i32,
+            exit_code: code,
+            ..Default::default()
+        };
+        let view = |instances: &[cri::ContainerStatus], init| {
+            container_status(&ContainerView {
+                name: "c",
+                image: "busybox",
+                instances,
+                waiting: None,
+                ready: true,
+                started: true,
+                runtime_name: "berth",
+                init,
+            })
+            .ready
+        };
+        assert!(view(&[exited(0)], true));
+        assert!(!view(&[exited(1)], true));
+        assert!(!view(&[], true));
+        assert!(!view(&[exited(0)], false));
+    }
 
     #[test]
     fn termination_messages_share_the_pods_budget() {

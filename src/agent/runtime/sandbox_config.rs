@@ -33,7 +33,7 @@ pub fn sandbox_config(
     let hostname = if host_network {
         node_name.to_string()
     } else {
-        spec.hostname.clone().unwrap_or_else(|| name.clone())
+        pod_hostname(spec.hostname.as_deref().unwrap_or(&name))
     };
     let mode = |host: Option<bool>| {
         if host.unwrap_or(false) {
@@ -256,9 +256,37 @@ pub fn parse_resolv_conf(text: &str) -> cri::DnsConfig {
     dns
 }
 
+/// Longest hostname a pod gets (a DNS label).
+const MAX_HOSTNAME: usize = 63;
+
+/// A pod's hostname from its name (or `spec.hostname`): cut to 63 bytes without trailing `-` or
+/// `.`, as the kubelet does for a pod name longer than a DNS label.
+fn pod_hostname(name: &str) -> String {
+    if name.len() <= MAX_HOSTNAME {
+        return name.to_string();
+    }
+    let mut end = MAX_HOSTNAME;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].trim_end_matches(['-', '.']).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_pod_names_make_hostnames_of_63_bytes_at_most() {
+        let long = "termination-message-container3472327f-ed07-4c9a-accb-54447a0c7f8d";
+        assert_eq!(
+            pod_hostname(long),
+            "termination-message-container3472327f-ed07-4c9a-accb-54447a0c7f"
+        );
+        assert_eq!(pod_hostname("web-0"), "web-0");
+        let dashed = format!("{}--x", "a".repeat(61));
+        assert_eq!(pod_hostname(&dashed), "a".repeat(61));
+    }
 
     #[test]
     fn resolv_conf() {

@@ -71,6 +71,7 @@ impl PodWorker {
                 ready: done,
                 started: false,
                 runtime_name: &runtime,
+                init: true,
             }));
         }
         let mut statuses = Vec::new();
@@ -96,6 +97,7 @@ impl PodWorker {
                 ready,
                 started,
                 runtime_name: &runtime,
+                init: false,
             });
             let state = st.state.clone().unwrap_or_default();
             // Stopped: terminated now, or waiting after a terminated instance.
