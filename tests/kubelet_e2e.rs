@@ -10,23 +10,17 @@
 
 mod cni_support;
 mod common;
+mod e2e_support;
 mod kubelet_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::*;
+use e2e_support::{parse, push_images, report, run_suite};
 use kubelet_support::control_plane::ControlPlane;
 use kubelet_support::*;
-
-/// Which specs run (104): `[NodeConformance]` in these areas (projected volumes of configMaps,
-/// secrets and the downward API included), nothing serial, disruptive, slow or
-/// behind a feature gate, and not the one that pulls a private image from gcr.io with the
-/// suite's own credentials (the test cluster reaches no registry but the local one: it fails on every
-/// runtime, after 15 minutes of retries).
-const FOCUS: &str = r"\[(k8s\.io|sig-[a-z-]+)\] (Pods|Probing container|Container Runtime|Kubelet|Variable Expansion|InitContainer|ConfigMap|Secrets|Downward API|Projected).*\[NodeConformance\]";
-const SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:[^\]]+\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret";
 
 /// Specs that fail with containerd 1.6 on the same host too (measured with
 /// `hack/e2e-compare.sh`), each with why; Berth may fail these and nothing else.
@@ -120,68 +114,6 @@ impl Runtime {
     }
 }
 
-/// The ginkgo summary: ran, passed, failed, and the failed specs' names.
-#[derive(Debug, Default)]
-struct Outcome {
-    ran: u32,
-    passed: u32,
-    failed: u32,
-    failures: Vec<String>,
-}
-
-/// Reads ginkgo's closing summary (`Ran N of M Specs`, `N Passed | N Failed`, `[Fail] ...`).
-fn parse(output: &str) -> Outcome {
-    let mut o = Outcome::default();
-    let number_before = |line: &str, word: &str| -> Option<u32> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        words
-            .iter()
-            .position(|w| *w == word)
-            .and_then(|i| i.checked_sub(1))
-            .and_then(|i| words[i].parse().ok())
-    };
-    for line in output.lines() {
-        let line = line.trim();
-        if line.starts_with("Ran ") && line.contains(" Specs in ") {
-            o.ran = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-        }
-        if line.contains(" Passed | ") {
-            o.passed = o.passed.max(number_before(line, "Passed").unwrap_or(0));
-            o.failed = o.failed.max(number_before(line, "Failed").unwrap_or(0));
-        }
-        if let Some(rest) = line.strip_prefix("[Fail] ") {
-            let name = rest.split(" [It] ").collect::<Vec<_>>().join(" ");
-            if !o.failures.contains(&name) {
-                o.failures.push(name);
-            }
-        }
-    }
-    o
-}
-
-fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
-    let mut cmd = Command::new(kube_bin("BERTH_TEST_GINKGO"));
-    cmd.env("KUBE_TEST_REPO_LIST", repo_list)
-        .arg("-nodes=4")
-        .arg("-noColor")
-        .arg(kube_bin("BERTH_TEST_E2E"))
-        .arg("--")
-        .arg(format!("--kubeconfig={}", cp.admin.display()))
-        .arg("--provider=skeleton")
-        .arg("--num-nodes=1")
-        .arg("--container-runtime=remote")
-        .arg(format!("--report-dir={}", report.display()))
-        .arg(format!("--ginkgo.focus={FOCUS}"))
-        .arg(format!("--ginkgo.skip={SKIP}"))
-        .arg("--ginkgo.noColor");
-    let (_, out, err) = run_for(&mut cmd, Duration::from_secs(45 * 60));
-    format!("{out}\n{err}")
-}
-
 #[tokio::test]
 async fn node_conformance_specs_pass() {
     let on_containerd = std::env::var("BERTH_E2E_RUNTIME").is_ok_and(|v| v == "containerd");
@@ -193,18 +125,7 @@ async fn node_conformance_specs_pass() {
     cp.start_scheduler();
     let work = TempDir::new("e2e");
     let repo_list = work.path().join("repo-list.yaml");
-    let images = Command::new("bash")
-        .arg(repo_root().join("hack/e2e-images.sh"))
-        .arg(registry())
-        .arg(kube_bin("BERTH_TEST_AGNHOST"))
-        .arg(&repo_list)
-        .output()
-        .expect("hack/e2e-images.sh");
-    assert!(
-        images.status.success(),
-        "e2e images: {}",
-        String::from_utf8_lossy(&images.stderr)
-    );
+    push_images(&repo_list);
     let runtime = if on_containerd {
         Runtime::Containerd(Containerd::start(&net))
     } else {
@@ -218,17 +139,11 @@ async fn node_conformance_specs_pass() {
     let output = run_suite(&cp, &repo_list, &work.path().join("report"));
     let outcome = parse(&output);
     let which = if on_containerd { "containerd" } else { "berth" };
-    // The whole output stays beside the build for a look at what failed.
-    let saved = repo_root().join(format!("target/node-e2e-{which}.log"));
-    let _ = std::fs::write(&saved, &output);
-    eprintln!(
-        "node e2e on {which}: ran {}, passed {}, failed {} in {:?} (output: {})\nfailed: {:#?}",
-        outcome.ran,
-        outcome.passed,
-        outcome.failed,
+    report(
+        &format!("node-e2e-{which}"),
+        &output,
+        &outcome,
         started.elapsed(),
-        saved.display(),
-        outcome.failures
     );
     assert!(
         outcome.ran >= 100 && outcome.passed + outcome.failed == outcome.ran,

@@ -284,15 +284,26 @@ mod tests {
             "one\ntwo\nthree\nfour\n"
         );
         let many: Vec<String> = (0..100)
-            .map(|i| format!("2026-12-03T10:00:00Z stdout F line {i:03} {}", "x".repeat(40)))
+            .map(|i| {
+                format!(
+                    "2026-12-03T10:00:00Z stdout F line {i:03} {}",
+                    "x".repeat(40)
+                )
+            })
             .collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let (_d, path) = write_log(&many);
         let tail = termination_tail(&path).expect("tail");
         assert_eq!(tail.len(), TERMINATION_TAIL_BYTES);
-        assert!(tail.ends_with(&format!("line 099 {}\n", "x".repeat(40))), "{tail}");
+        assert!(
+            tail.ends_with(&format!("line 099 {}\n", "x".repeat(40))),
+            "{tail}"
+        );
         // 80 lines of 50 bytes hold more than 2 KiB: 40 whole lines and the end of one more.
-        assert!(tail.starts_with("ne 059 xxx") && tail.contains("line 060 "), "{tail}");
+        assert!(
+            tail.starts_with("ne 059 xxx") && tail.contains("line 060 "),
+            "{tail}"
+        );
         assert!(!tail.contains("line 059 "), "{tail}");
         // Short lines: the last 80 of them.
         let short: Vec<String> = (0..100)
@@ -301,7 +312,10 @@ mod tests {
         let short: Vec<&str> = short.iter().map(String::as_str).collect();
         let (_d, path) = write_log(&short);
         let tail = termination_tail(&path).expect("tail");
-        assert!(tail.starts_with("20\n21\n") && tail.ends_with("99\n"), "{tail}");
+        assert!(
+            tail.starts_with("20\n21\n") && tail.ends_with("99\n"),
+            "{tail}"
+        );
     }
 
     #[test]

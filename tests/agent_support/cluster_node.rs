@@ -39,6 +39,28 @@ impl AgentNode {
         plane: &PlaneOptions,
         setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
     ) -> Self {
+        Self::launch(agent_toml, plane, true, setup)
+    }
+
+    /// As [`AgentNode::start`], with no taint (any pod may be scheduled on the node: the
+    /// upstream e2e suite's pods tolerate none) and the node server taking the API server's
+    /// client certificate (the cluster CA as `--client-ca-file`, as a kubelet's clientCAFile), so
+    /// that logs, exec and port-forward reach it through the API server.
+    pub fn start_schedulable(agent_toml: &str) -> Self {
+        Self::launch(agent_toml, &PlaneOptions::default(), false, |cp, _| {
+            (
+                cp.node_kubeconfig(),
+                vec!["--client-ca-file".into(), cp.ca().display().to_string()],
+            )
+        })
+    }
+
+    fn launch(
+        agent_toml: &str,
+        plane: &PlaneOptions,
+        tainted: bool,
+        setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
+    ) -> Self {
         let tag = TempDir::new("nodename").unique_name();
         let node = format!("agent-{tag}");
         let net = cni_support::TestNet::new("agentnode");
@@ -53,14 +75,18 @@ impl AgentNode {
             &node,
             "--node-labels",
             "tier=test,berth.dev/role=agent",
-            "--register-with-taints",
-            "dedicated=berth:NoSchedule",
             "--node-ip",
             "127.0.0.1",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if tainted {
+            args.extend([
+                "--register-with-taints".into(),
+                "dedicated=berth:NoSchedule".into(),
+            ]);
+        }
         args.extend(net.daemon_args());
         args.extend(extra);
         let agent = Agent::start_with_config(&args, agent_toml);

@@ -80,7 +80,10 @@ pub fn limit_termination_messages(init: &mut [ContainerStatus], regular: &mut [C
     }
     let each = POD_TERMINATION_MESSAGES_BYTES / count;
     for st in init.iter_mut().chain(regular.iter_mut()) {
-        for state in [st.state.as_mut(), st.last_state.as_mut()].into_iter().flatten() {
+        for state in [st.state.as_mut(), st.last_state.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             if let Some(m) = state.terminated.as_mut().and_then(|t| t.message.as_mut())
                 && m.len() > each
             {

@@ -182,7 +182,7 @@ pub fn resource_value(
     let divisor = match sel.divisor.as_ref().map(|q| q.0.as_str()) {
         None | Some("") => 1.0,
         Some(d) => match parse_quantity(d) {
-            Some(v) if v == 0.0 => 1.0,
+            Some(0.0) => 1.0,
             Some(v) if v > 0.0 => v,
             _ => return Err(format!("invalid divisor {d:?}")),
         },

@@ -1201,7 +1201,6 @@ pub fn default_pull_policy(image: &str) -> &'static str {
     }
 }
 
-
 /// An exited container's termination message from the end of its log, as the kubelet: when its
 /// policy is FallbackToLogsOnError, it failed, it ran (not ContainerCannotRun) and it wrote no
 /// termination message file.

@@ -1,0 +1,115 @@
+//! Kubernetes 1.20's own e2e suite (`e2e.test` under ginkgo) against a one-node cluster: which
+//! specs run, their images, the run, and the reading of ginkgo's summary. The node is the stock
+//! kubelet (tests/kubelet_e2e.rs) or Berth's agent (tests/agent_e2e.rs).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+use crate::kubelet_support::control_plane::ControlPlane;
+use crate::kubelet_support::{kube_bin, run_for};
+
+/// Which specs run (104): `[NodeConformance]` in these areas (projected volumes of configMaps,
+/// secrets and the downward API included), nothing serial, disruptive, slow or
+/// behind a feature gate, and not the one that pulls a private image from gcr.io with the
+/// suite's own credentials (the test cluster reaches no registry but the local one: it fails on every
+/// runtime, after 15 minutes of retries).
+pub const FOCUS: &str = r"\[(k8s\.io|sig-[a-z-]+)\] (Pods|Probing container|Container Runtime|Kubelet|Variable Expansion|InitContainer|ConfigMap|Secrets|Downward API|Projected).*\[NodeConformance\]";
+pub const SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:[^\]]+\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret";
+
+/// The ginkgo summary: ran, passed, failed, and the failed specs' names.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub ran: u32,
+    pub passed: u32,
+    pub failed: u32,
+    pub failures: Vec<String>,
+}
+
+/// Reads ginkgo's closing summary (`Ran N of M Specs`, `N Passed | N Failed`, `[Fail] ...`).
+pub fn parse(output: &str) -> Outcome {
+    let mut o = Outcome::default();
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        words
+            .iter()
+            .position(|w| *w == word)
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| words[i].parse().ok())
+    };
+    for line in output.lines() {
+        let line = line.trim();
+        if line.starts_with("Ran ") && line.contains(" Specs in ") {
+            o.ran = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+        }
+        if line.contains(" Passed | ") {
+            o.passed = o.passed.max(number_before(line, "Passed").unwrap_or(0));
+            o.failed = o.failed.max(number_before(line, "Failed").unwrap_or(0));
+        }
+        if let Some(rest) = line.strip_prefix("[Fail] ") {
+            let name = rest.split(" [It] ").collect::<Vec<_>>().join(" ");
+            if !o.failures.contains(&name) {
+                o.failures.push(name);
+            }
+        }
+    }
+    o
+}
+
+/// Builds and pushes the specs' images (`hack/e2e-images.sh`); their repo list is written to
+/// `repo_list` for `KUBE_TEST_REPO_LIST`.
+pub fn push_images(repo_list: &Path) {
+    let images = Command::new("bash")
+        .arg(repo_root().join("hack/e2e-images.sh"))
+        .arg(registry())
+        .arg(kube_bin("BERTH_TEST_AGNHOST"))
+        .arg(repo_list)
+        .output()
+        .expect("hack/e2e-images.sh");
+    assert!(
+        images.status.success(),
+        "e2e images: {}",
+        String::from_utf8_lossy(&images.stderr)
+    );
+}
+
+/// Runs the focused specs against `cp`'s cluster (4 ginkgo nodes, 45 minutes at most) with the
+/// images of `repo_list`; ginkgo's stdout and stderr.
+pub fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
+    let mut cmd = Command::new(kube_bin("BERTH_TEST_GINKGO"));
+    cmd.env("KUBE_TEST_REPO_LIST", repo_list)
+        .arg("-nodes=4")
+        .arg("-noColor")
+        .arg(kube_bin("BERTH_TEST_E2E"))
+        .arg("--")
+        .arg(format!("--kubeconfig={}", cp.admin.display()))
+        .arg("--provider=skeleton")
+        .arg("--num-nodes=1")
+        .arg("--container-runtime=remote")
+        .arg(format!("--report-dir={}", report.display()))
+        .arg(format!("--ginkgo.focus={FOCUS}"))
+        .arg(format!("--ginkgo.skip={SKIP}"))
+        .arg("--ginkgo.noColor");
+    let (_, out, err) = run_for(&mut cmd, Duration::from_secs(45 * 60));
+    format!("{out}\n{err}")
+}
+
+/// Keeps the whole output beside the build as `target/<name>.log` and prints the outcome.
+pub fn report(name: &str, output: &str, outcome: &Outcome, took: Duration) {
+    let saved = repo_root().join(format!("target/{name}.log"));
+    let _ = std::fs::write(&saved, output);
+    eprintln!(
+        "{name}: ran {}, passed {}, failed {} in {:?} (output: {})\nfailed: {:#?}",
+        outcome.ran,
+        outcome.passed,
+        outcome.failed,
+        took,
+        saved.display(),
+        outcome.failures
+    );
+}
