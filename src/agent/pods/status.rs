@@ -16,6 +16,11 @@ pub fn time_of(ns: i64) -> Option<Time> {
     Timestamp::from_nanosecond(ns as i128).ok().map(Time)
 }
 
+/// Container names as the kubelet lists them in condition messages: `[a b]`.
+pub fn name_list(names: &[&str]) -> String {
+    format!("[{}]", names.join(" "))
+}
+
 /// Now, as a v1 Time.
 pub fn now() -> Time {
     let ns = std::time::SystemTime::now()

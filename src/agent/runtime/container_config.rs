@@ -49,6 +49,9 @@ pub fn container_config(
         envs.retain(|kv| kv.key != key);
         envs.push(cri::KeyValue { key, value });
     };
+    for (k, v) in ctx.objects.map(EnvObjects::services).unwrap_or_default() {
+        set(&mut envs, k.clone(), v.clone());
+    }
     for from in c.env_from.iter().flatten() {
         let prefix = from.prefix.clone().unwrap_or_default();
         let source = match (&from.config_map_ref, &from.secret_ref) {
@@ -70,7 +73,7 @@ pub fn container_config(
     }
     for e in c.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
-            (Some(v), _) => Some(expand(v, c, pod)),
+            (Some(v), _) => Some(expand(v, &envs)),
             (None, Some(from)) => match object_key(from) {
                 Some((kind, name, key, optional)) => ctx
                     .objects
@@ -99,8 +102,13 @@ pub fn container_config(
             user_specified_image: c.image.clone().unwrap_or_default(),
             ..Default::default()
         }),
-        command: c.command.clone().unwrap_or_default(),
-        args: c.args.clone().unwrap_or_default(),
+        command: c
+            .command
+            .iter()
+            .flatten()
+            .map(|a| expand(a, &envs))
+            .collect(),
+        args: c.args.iter().flatten().map(|a| expand(a, &envs)).collect(),
         working_dir: c.working_dir.clone().unwrap_or_default(),
         envs,
         labels: labels::container_labels(pod, c),
@@ -195,17 +203,16 @@ fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
     }
 }
 
-/// `$(VAR)` references to earlier env entries, as the kubelet expands them (`$$` escapes).
-fn expand(v: &str, c: &Container, _pod: &Pod) -> String {
-    if !v.contains("$(") {
+/// `$(VAR)` references to the variables set so far (`$$` escapes), as the kubelet expands env
+/// values (against the entries before them) and commands and args (against them all).
+fn expand(v: &str, envs: &[cri::KeyValue]) -> String {
+    if !v.contains('$') {
         return v.to_string();
     }
     let lookup = |name: &str| {
-        c.env
-            .iter()
-            .flatten()
-            .find(|e| e.name == name)
-            .and_then(|e| e.value.clone())
+        envs.iter()
+            .find(|kv| kv.key == name)
+            .map(|kv| kv.value.clone())
     };
     expand_references(v, lookup).0
 }
@@ -333,9 +340,10 @@ mod tests {
                 "securityContext": {"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "c", "image": "busybox",
-                    "command": ["sh"], "args": ["-c", "true"],
+                    "command": ["sh", "$(N)"], "args": ["-c", "echo $(B) $(NONE) $$(A) $$HOME"],
                     "env": [
                         {"name": "A", "value": "x"},
+                        {"name": "EARLY", "value": "$(N)"},
                         {"name": "B", "value": "$(A)-$$(A)"},
                         {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -377,6 +385,10 @@ mod tests {
             .map(|kv| (kv.key.as_str(), kv.value.as_str()))
             .collect();
         assert_eq!(env["B"], "x-$(A)");
+        // Env values see only the entries before them; commands and args see them all.
+        assert_eq!(env["EARLY"], "$(N)");
+        assert_eq!(cfg.command, ["sh", "p"]);
+        assert_eq!(cfg.args, ["-c", "echo x-$(A) $(NONE) $(A) $HOME"]);
         assert_eq!(env["N"], "p");
         assert_eq!(env["IP"], "10.0.0.5");
         assert_eq!(env["APP"], "a1");

@@ -7,3 +7,4 @@ pub mod non_root;
 pub mod relist;
 pub mod resources;
 pub mod sandbox_config;
+pub mod service_env;

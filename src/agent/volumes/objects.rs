@@ -90,7 +90,46 @@ impl ApiObjects {
             let keys = self.keys(ns, kind, &name).await?;
             out.objects.insert((kind, name), keys);
         }
+        out.services = self.service_env(pod, ns).await?;
         Ok(out)
+    }
+
+    /// The service variables of a pod in `ns`: the namespace's services when the pod's
+    /// `enableServiceLinks` is on (its default), and the API server's own service.
+    async fn service_env(&self, pod: &Pod, ns: &str) -> Result<Vec<(String, String)>, String> {
+        use crate::agent::runtime::service_env::{MASTER_SERVICE, service_env, services_for};
+        use k8s_openapi::api::core::v1::Service;
+        let links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let client = self.cluster.client();
+        let failed =
+            |e: kube::Error| format!("reading the services for the pod's environment: {e}");
+        let mut services = Vec::new();
+        if links {
+            let api: Api<Service> = Api::namespaced(client.clone(), ns);
+            services = api
+                .list(&Default::default())
+                .await
+                .map_err(failed)?
+                .items
+                .into_iter()
+                .map(|mut s| {
+                    s.metadata.namespace.get_or_insert_with(|| ns.to_string());
+                    s
+                })
+                .collect();
+        }
+        let (master_ns, master) = MASTER_SERVICE;
+        if !(links && ns == master_ns) {
+            let api: Api<Service> = Api::namespaced(client, master_ns);
+            if let Some(s) = api.get_opt(master).await.map_err(failed)? {
+                services.push(s);
+            }
+        }
+        Ok(service_env(&services_for(&services, ns, links)))
     }
 
     /// The files of `v` when it is a volume of API objects (configMap, secret, or projected
@@ -328,9 +367,15 @@ fn mode_of(default_mode: Option<i32>, item: Option<i32>) -> u32 {
 #[derive(Debug, Default, Clone)]
 pub struct EnvObjects {
     objects: BTreeMap<(Kind, String), Keys>,
+    services: Vec<(String, String)>,
 }
 
 impl EnvObjects {
+    /// The service variables the container starts with (before envFrom and env).
+    pub fn services(&self) -> &[(String, String)] {
+        &self.services
+    }
+
     /// Key `key` of object `name`: Err with the kubelet's message when the object or key is
     /// missing and not optional, Ok(None) when it is optional and missing.
     pub fn value(

@@ -47,13 +47,56 @@ impl PodWorker {
         }
     }
 
+    /// Initialized as the kubelet words it: true once every init container has succeeded (or the
+    /// pod has completed), else false naming the init containers not done.
+    fn initialized_condition(&mut self, phase: &str, incomplete: &[&str]) -> PodCondition {
+        let done = incomplete.is_empty() || phase == "Succeeded";
+        let mut c = self.condition("Initialized", done);
+        if phase == "Succeeded" {
+            c.reason = Some("PodCompleted".into());
+        } else if !done {
+            c.reason = Some("ContainersNotInitialized".into());
+            c.message = Some(format!(
+                "containers with incomplete status: {}",
+                status::name_list(incomplete)
+            ));
+        }
+        c
+    }
+
+    /// Ready and ContainersReady as the kubelet words them: true while the pod runs with every
+    /// container ready; a completed pod says PodCompleted, else the unready containers are named.
+    fn ready_condition(
+        &mut self,
+        kind: &'static str,
+        phase: &str,
+        unready: &[&str],
+    ) -> PodCondition {
+        let ok = unready.is_empty() && phase == "Running";
+        let mut c = self.condition(kind, ok);
+        if phase == "Succeeded" {
+            c.reason = Some("PodCompleted".into());
+        } else if !unready.is_empty() {
+            c.reason = Some("ContainersNotReady".into());
+            c.message = Some(format!(
+                "containers with unready status: {}",
+                status::name_list(unready)
+            ));
+        }
+        c
+    }
+
     /// Puts the pod (spec and current status) where the status endpoint reads it.
     pub(super) fn publish(&mut self) {
         let spec = self.spec();
         let policy = self.restart_policy();
         let runtime = self.ctx.runtime_name.clone();
         let mut init_statuses = Vec::new();
-        let mut init_pending = false;
+        let mut init_incomplete = Vec::new();
+        // In a pod with init containers, a container that has not started yet waits with
+        // PodInitializing (ContainerCreating otherwise), as the kubelet reports it.
+        let has_init = spec.init_containers.as_ref().is_some_and(|i| !i.is_empty());
+        let initializing = ("PodInitializing".to_string(), String::new());
         for ic in spec.init_containers.iter().flatten() {
             let t = self.tracks.get(&ic.name);
             let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
@@ -61,33 +104,37 @@ impl PodWorker {
                 .first()
                 .is_some_and(|l| is_exited(l) && l.exit_code == 0);
             if !done {
-                init_pending = true;
+                init_incomplete.push(ic.name.as_str());
             }
+            let waiting = t
+                .and_then(|t| t.waiting.as_ref())
+                .or((instances.is_empty()).then_some(&initializing));
             init_statuses.push(status::container_status(&ContainerView {
                 name: &ic.name,
                 image: ic.image.as_deref().unwrap_or_default(),
                 instances,
-                waiting: t.and_then(|t| t.waiting.as_ref()),
+                waiting,
                 ready: done,
                 started: false,
                 runtime_name: &runtime,
                 init: true,
             }));
         }
+        let init_pending = !init_incomplete.is_empty();
         let mut statuses = Vec::new();
+        let mut unready = Vec::new();
         let mut counts = PhaseInput {
             init_pending,
             init_failed: self.init_failed,
             ..Default::default()
         };
-        let mut all_ready = true;
         for c in &spec.containers {
             let (ready, started) = self.verdicts(c);
             let t = self.tracks.get(&c.name);
             let instances = t.map(|t| t.instances.as_slice()).unwrap_or_default();
             let mut waiting = t.and_then(|t| t.waiting.as_ref()).cloned();
-            if init_pending && instances.is_empty() {
-                waiting = Some(("PodInitializing".into(), String::new()));
+            if has_init && instances.is_empty() && waiting.is_none() {
+                waiting = Some(initializing.clone());
             }
             let st = status::container_status(&ContainerView {
                 name: &c.name,
@@ -115,7 +162,9 @@ impl PodWorker {
             } else {
                 counts.waiting += 1;
             }
-            all_ready &= st.ready;
+            if !st.ready {
+                unready.push(c.name.as_str());
+            }
             statuses.push(st);
         }
         let phase = if self.ended.is_some() {
@@ -124,12 +173,11 @@ impl PodWorker {
             status::phase(&policy, &counts)
         };
         let sandbox_ready = self.sandbox.is_some();
-        let initialized = !init_pending || self.init_failed;
         let mut conditions = vec![
             self.condition("PodReadyToStartContainers", sandbox_ready),
-            self.condition("Initialized", initialized),
-            self.condition("Ready", all_ready && phase == "Running"),
-            self.condition("ContainersReady", all_ready && phase == "Running"),
+            self.initialized_condition(phase, &init_incomplete),
+            self.ready_condition("Ready", phase, &unready),
+            self.ready_condition("ContainersReady", phase, &unready),
             self.condition("PodScheduled", true),
         ];
         if let Some((reason, message)) = self.ended.clone()
