@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use cluster_node::AgentNode;
 use common::*;
-use e2e_support::{parse, push_images, report, run_suite};
+use e2e_support::{parse, push_images, report, run_suite, whole_set};
 
 /// Specs the agent may fail, each with why; the kubelet on Berth passes them all, so each entry
 /// is a difference still to remove. Measured: 84 of 104 passed with the agent before the
@@ -74,7 +74,8 @@ async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
     let outcome = parse(&output);
     report("node-e2e-agent", &output, &outcome, started.elapsed());
     assert!(
-        outcome.ran >= 100 && outcome.passed + outcome.failed == outcome.ran,
+        (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
+            && outcome.passed + outcome.failed == outcome.ran,
         "the suite ran: {outcome:?}\n{}",
         tail(&output, 60)
     );

@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::*;
-use e2e_support::{parse, push_images, report, run_suite};
+use e2e_support::{parse, push_images, report, run_suite, whole_set};
 use kubelet_support::control_plane::ControlPlane;
 use kubelet_support::*;
 
@@ -146,7 +146,8 @@ async fn node_conformance_specs_pass() {
         started.elapsed(),
     );
     assert!(
-        outcome.ran >= 100 && outcome.passed + outcome.failed == outcome.ran,
+        (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
+            && outcome.passed + outcome.failed == outcome.ran,
         "the suite ran: {outcome:?}\n{}",
         tail(&output, 60)
     );

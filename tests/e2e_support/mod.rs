@@ -16,6 +16,17 @@ use crate::kubelet_support::{kube_bin, run_for};
 /// suite's own credentials (the test cluster reaches no registry but the local one: it fails on every
 /// runtime, after 15 minutes of retries).
 pub const FOCUS: &str = r"\[(k8s\.io|sig-[a-z-]+)\] (Pods|Probing container|Container Runtime|Kubelet|Variable Expansion|InitContainer|ConfigMap|Secrets|Downward API|Projected).*\[NodeConformance\]";
+/// The focus of a run: `FOCUS`, or `BERTH_E2E_FOCUS` when set (a few specs while working on
+/// them; the tests then check only that they pass).
+pub fn focus() -> String {
+    std::env::var("BERTH_E2E_FOCUS").unwrap_or_else(|_| FOCUS.to_string())
+}
+
+/// Whether the run is the whole focused set (not narrowed by `BERTH_E2E_FOCUS`).
+pub fn whole_set() -> bool {
+    std::env::var_os("BERTH_E2E_FOCUS").is_none()
+}
+
 pub const SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:[^\]]+\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret";
 
 /// The ginkgo summary: ran, passed, failed, and the failed specs' names.
@@ -92,7 +103,7 @@ pub fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
         .arg("--num-nodes=1")
         .arg("--container-runtime=remote")
         .arg(format!("--report-dir={}", report.display()))
-        .arg(format!("--ginkgo.focus={FOCUS}"))
+        .arg(format!("--ginkgo.focus={}", focus()))
         .arg(format!("--ginkgo.skip={SKIP}"))
         .arg("--ginkgo.noColor");
     let (_, out, err) = run_for(&mut cmd, Duration::from_secs(45 * 60));

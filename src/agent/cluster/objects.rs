@@ -39,6 +39,10 @@ const FIRST_READ: Duration = Duration::from_secs(10);
 /// How long a watch nobody reads lives on.
 const IDLE: Duration = Duration::from_secs(600);
 
+/// Refusals (403) in a row after which a watch ends: the node authorizer lags a pod's binding
+/// by a moment, and refuses for good once no pod of the node names the object.
+const FORBIDDEN_TRIES: u32 = 3;
+
 type ObjectKey = (Kind, String, String);
 
 struct Entry {
@@ -70,7 +74,8 @@ impl ObjectCache {
             };
             let now = Instant::now();
             entries.retain(|_, e| {
-                let keep = now.duration_since(e.last_read) < IDLE;
+                // A watch the API server refused (403) has ended: a read starts a new one.
+                let keep = now.duration_since(e.last_read) < IDLE && !e.task.is_finished();
                 if !keep {
                     e.task.abort();
                 }
@@ -91,7 +96,11 @@ impl ObjectCache {
         let first = tokio::time::timeout(FIRST_READ, rx.wait_for(Option::is_some)).await;
         match first {
             Ok(Ok(v)) => Ok(v.clone().flatten()),
-            _ => Err(format!(
+            Ok(Err(_)) => Err(format!(
+                "{} {name:?}: the API server does not let this node read it (forbidden)",
+                kind.name()
+            )),
+            Err(_) => Err(format!(
                 "{} {name:?}: no answer from the API server in {FIRST_READ:?}",
                 kind.name()
             )),
@@ -113,7 +122,8 @@ async fn follow(cluster: Arc<Cluster>, key: ObjectKey, tx: watch::Sender<Option<
     }
 }
 
-/// [`follow`] for one kind of object.
+/// [`follow`] for one kind of object; ends when the API server forbids the node to read it
+/// (the node authorizer does once no pod of the node names it), not to ask again forever.
 async fn follow_one<K>(
     cluster: &Cluster,
     ns: &str,
@@ -138,6 +148,10 @@ async fn follow_one<K>(
                 tx.send_replace(Some(l.items.into_iter().next().map(keys_of)));
                 l.metadata.resource_version.unwrap_or_default()
             }
+            Err(e) if status_code(&e) == Some(403) && failures + 1 >= FORBIDDEN_TRIES => {
+                tracing::info!(object = %what, "the API server forbids this node to read it: not watched");
+                return;
+            }
             Err(e) => {
                 failures += 1;
                 cluster.log_failure(&format!("read {what}"), &e);
@@ -152,6 +166,10 @@ async fn follow_one<K>(
             match watch_one(&api, &params, &mut rv, tx, keys_of).await {
                 Ok(true) => break,
                 Ok(false) => failures = 0,
+                Err(e) if status_code(&e) == Some(403) && failures + 1 >= FORBIDDEN_TRIES => {
+                    tracing::info!(object = %what, "the API server forbids this node to watch it: not watched");
+                    return;
+                }
                 Err(e) => {
                     failures += 1;
                     cluster.log_failure(&format!("watch {what}"), &e);

@@ -33,6 +33,9 @@ struct Running {
     hash: String,
     source: Source,
     desire: watch::Sender<Desire>,
+    /// The pod as its source has it now: changes that keep the pod's hash (labels,
+    /// annotations, activeDeadlineSeconds) reach the running worker through it.
+    pod: watch::Sender<Pod>,
     /// The pod is being deleted in the API server: finish the deletion once the worker ends.
     deleting: Option<Pod>,
 }
@@ -240,6 +243,18 @@ impl PodManager {
         for (key, w) in workers.iter_mut() {
             let current = union.get(key).filter(|(_, d)| d.uid == w.uid);
             let wanted = current.filter(|(_, d)| d.hash == w.hash && !being_deleted(&d.pod));
+            if let Some((_, d)) = wanted {
+                w.pod.send_if_modified(|p| {
+                    // Not the resource version: the pod's own status updates change it.
+                    let changed = p.metadata.labels != d.pod.metadata.labels
+                        || p.metadata.annotations != d.pod.metadata.annotations
+                        || p.spec != d.pod.spec;
+                    if changed {
+                        p.clone_from(&d.pod);
+                    }
+                    changed
+                });
+            }
             if wanted.is_some() || *w.desire.borrow() != Desire::Run {
                 continue;
             }
@@ -320,7 +335,8 @@ impl PodManager {
             }
             admitted.push(&d.pod);
             let (desire, rx) = watch::channel(Desire::Run);
-            let worker = tokio::spawn(PodWorker::new(d.clone(), self.ctx.clone()).run(rx));
+            let (pod, updates) = watch::channel(d.pod.clone());
+            let worker = tokio::spawn(PodWorker::new(d.clone(), self.ctx.clone()).run(rx, updates));
             let (me, done_key, uid) = (self.clone(), key.clone(), d.uid.clone());
             // A worker that panics ends too: it is forgotten and its pod started again.
             tokio::spawn(async move {
@@ -336,6 +352,7 @@ impl PodManager {
                     hash: d.hash.clone(),
                     source,
                     desire,
+                    pod,
                     deleting: None,
                 },
             );

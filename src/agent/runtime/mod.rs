@@ -2,6 +2,7 @@
 //! them), the labels it sets, the relist it reads.
 
 pub mod container_config;
+pub mod etc_hosts;
 pub mod labels;
 pub mod non_root;
 pub mod relist;

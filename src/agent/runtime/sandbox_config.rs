@@ -261,7 +261,7 @@ const MAX_HOSTNAME: usize = 63;
 
 /// A pod's hostname from its name (or `spec.hostname`): cut to 63 bytes without trailing `-` or
 /// `.`, as the kubelet does for a pod name longer than a DNS label.
-fn pod_hostname(name: &str) -> String {
+pub fn pod_hostname(name: &str) -> String {
     if name.len() <= MAX_HOSTNAME {
         return name.to_string();
     }

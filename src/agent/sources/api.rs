@@ -148,9 +148,16 @@ fn note_version(rv: &mut String, pod: &Pod) {
     }
 }
 
-/// A pod as the pod manager takes it, hashed on its spec (a change of spec makes it again).
+/// A pod as the pod manager takes it, hashed on its spec (a change of spec makes it again),
+/// leaving out the fields that change without a new sandbox: activeDeadlineSeconds (the
+/// running worker enforces the new one) and tolerations (read by no one on the node).
 fn desired(pod: Pod) -> DesiredPod {
-    let spec = serde_json::to_vec(&pod.spec).unwrap_or_default();
+    let mut hashed = pod.spec.clone();
+    if let Some(s) = hashed.as_mut() {
+        s.active_deadline_seconds = None;
+        s.tolerations = None;
+    }
+    let spec = serde_json::to_vec(&hashed).unwrap_or_default();
     DesiredPod {
         file: PathBuf::new(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),

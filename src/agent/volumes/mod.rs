@@ -198,6 +198,26 @@ pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<Prepar
     Ok(prepared)
 }
 
+/// Writes the pod's downward API volumes (and projected volumes of downward items only) again
+/// from `pod`, as its labels or annotations change.
+pub fn refresh_downward(pod: &Pod, pod_dir: &Path) -> Result<(), String> {
+    let mut node: Option<NodeAllocatable> = None;
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let (items, mode) = if let Some(d) = &v.downward_api {
+            (d.items.iter().flatten().cloned().collect(), d.default_mode)
+        } else if let Some(p) = &v.projected
+            && let Ok(items) = projected_downward_items(p)
+        {
+            (items, p.default_mode)
+        } else {
+            continue;
+        };
+        let node = node.get_or_insert_with(|| NodeAllocatable::detect(pod_dir));
+        prepare_downward(pod, pod_dir, &v.name, &items, mode, node)?;
+    }
+    Ok(())
+}
+
 /// Creates emptyDir volume `name` (a tmpfs for the Memory medium); returns its directory.
 fn prepare_empty_dir(
     pod_dir: &Path,

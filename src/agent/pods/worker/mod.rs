@@ -20,6 +20,7 @@ use crate::agent::AgentContext;
 use crate::agent::cluster::events::EventType;
 use crate::agent::probes::{self as probe, ProbeHandle, ProbeKind, ProbeResult, ProbeTarget};
 use crate::agent::runtime::container_config::{ContainerContext, container_config};
+use crate::agent::runtime::etc_hosts;
 use crate::agent::runtime::labels;
 use crate::agent::runtime::non_root;
 use crate::agent::runtime::sandbox_config::{ClusterDns, missing_cluster_dns};
@@ -60,6 +61,8 @@ pub struct PodWorker {
     pull_failed: HashMap<String, (Instant, String)>,
     status_cache: HashMap<String, cri::ContainerStatus>,
     start_time: Time,
+    /// When the worker began (the pod's start time): activeDeadlineSeconds counts from it.
+    started: Instant,
     transitions: HashMap<&'static str, (bool, Time)>,
     init_failed: bool,
     message: Option<String>,
@@ -133,6 +136,7 @@ impl PodWorker {
             pull_failed: HashMap::new(),
             status_cache: HashMap::new(),
             start_time: status::now(),
+            started: Instant::now(),
             transitions: HashMap::new(),
             init_failed: false,
             message: None,
@@ -230,18 +234,26 @@ impl PodWorker {
 
     /// Syncs until `stop` asks it to stop, then terminates the pod (within the grace period
     /// asked, else the pod's own).
-    pub async fn run(mut self, mut stop: watch::Receiver<Desire>) {
+    pub async fn run(mut self, mut stop: watch::Receiver<Desire>, updates: watch::Receiver<Pod>) {
         let pod = self.pod_ref();
         tracing::info!(pod = %pod, file = %self.desired.file.display(), "starting pod worker");
         let period = self.ctx.sync_period;
+        let mut updates = updates;
         loop {
             if *stop.borrow() != Desire::Run {
                 break;
             }
+            self.take_update(&mut updates);
             if self.ended.is_none()
                 && let Some(t) = self.ctx.terminations.requested(&self.desired.uid)
             {
                 self.end(&t.reason, &t.message, t.grace_secs).await;
+            }
+            if self.ended.is_none() && self.deadline_left() == Some(Duration::ZERO) {
+                let message = "Pod was active on the node longer than the specified deadline";
+                tracing::info!(pod = %pod, "active deadline exceeded");
+                self.event(None, EventType::Normal, "DeadlineExceeded", message.into());
+                self.end("DeadlineExceeded", message, None).await;
             }
             if self.ended.is_some() {
                 self.publish();
@@ -284,9 +296,17 @@ impl PodWorker {
                     None => std::future::pending().await,
                 }
             };
+            let wait = self.deadline_left().map_or(period, |left| left.min(period));
+            let updated = async {
+                // A source gone (the manager forgot the pod) sends nothing more.
+                if updates.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
+                () = updated => {}
                 _ = self.termination_requested() => {}
                 () = pod_changed => {}
             }
@@ -310,6 +330,62 @@ impl PodWorker {
             .pods
             .remove(&crate::agent::sources::manifest::key_of(self.pod()));
         tracing::info!(pod = %pod, "pod removed");
+    }
+
+    /// Writes the pod's managed /etc/hosts for address `ip` (afresh at each container start, as
+    /// the kubelet does) and returns its mount.
+    fn write_etc_hosts(&self, ip: &str) -> Result<cri::Mount, String> {
+        let pod = self.pod();
+        let spec = pod.spec.as_ref();
+        let hostname = if self.host_network() {
+            self.ctx.node.name.clone()
+        } else {
+            let name = spec
+                .and_then(|s| s.hostname.as_deref())
+                .or(pod.metadata.name.as_deref())
+                .unwrap_or_default();
+            crate::agent::runtime::sandbox_config::pod_hostname(name)
+        };
+        let domain = etc_hosts::pod_domain(pod, &self.ctx.config.cluster_domain);
+        let node_hosts = if self.host_network() {
+            std::fs::read_to_string("/etc/hosts")
+                .map_err(|e| format!("reading the node's /etc/hosts: {e}"))?
+        } else {
+            String::new()
+        };
+        let content = etc_hosts::content(pod, &[ip], &hostname, domain.as_deref(), &node_hosts);
+        etc_hosts::write(&self.ctx.pods_dir.join(&self.desired.uid), &content)
+            .map_err(|e| format!("writing the pod's /etc/hosts: {e}"))
+    }
+
+    /// Takes the source's latest version of the pod (same hash: labels, annotations,
+    /// activeDeadlineSeconds); new labels or annotations are written to the downward API
+    /// volumes at once, as the kubelet's next sync writes them.
+    fn take_update(&mut self, updates: &mut watch::Receiver<Pod>) {
+        if !updates.has_changed().unwrap_or(false) {
+            return;
+        }
+        let pod = updates.borrow_and_update().clone();
+        let meta = |p: &Pod| (p.metadata.labels.clone(), p.metadata.annotations.clone());
+        let relabelled = meta(&pod) != meta(&self.desired.pod);
+        self.desired.pod = pod;
+        if relabelled && self.volumes.is_some() && self.ended.is_none() {
+            let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
+            if let Err(e) = crate::agent::volumes::refresh_downward(self.pod(), &pod_dir) {
+                tracing::warn!(pod = %self.pod_ref(), error = %e, "refreshing downward API volumes");
+            }
+            // Projected volumes that mix downward items with API objects: at the next sync.
+            self.volumes_refreshed = Instant::now()
+                .checked_sub(self.ctx.volume_refresh)
+                .unwrap_or(self.volumes_refreshed);
+        }
+    }
+
+    /// How long the pod may still run under its activeDeadlineSeconds (None: no deadline).
+    fn deadline_left(&self) -> Option<Duration> {
+        let secs = self.spec().active_deadline_seconds?;
+        let deadline = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+        Some(deadline.saturating_sub(self.started.elapsed()))
     }
 
     /// Resolves once a termination is requested for this pod (at once if one already is, say
@@ -768,6 +844,20 @@ impl PodWorker {
                 self.set_waiting(&c.name, "ContainerCreating", message);
                 self.create_failed.insert(c.name.clone(), now);
                 return;
+            }
+        }
+        if !config
+            .mounts
+            .iter()
+            .any(|m| m.container_path == etc_hosts::CONTAINER_PATH)
+            && !pod_ip.is_empty()
+        {
+            match self.write_etc_hosts(&pod_ip) {
+                Ok(m) => config.mounts.push(m),
+                Err(e) => {
+                    self.config_error(&c.name, now, "writing /etc/hosts", e);
+                    return;
+                }
             }
         }
         if let Err(e) = self.check_non_root(c, &image).await {
