@@ -73,6 +73,10 @@ async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
     let output = run_suite(&n.cp, &repo_list, &work.path().join("report"));
     let outcome = parse(&output);
     report("node-e2e-agent", &output, &outcome, started.elapsed());
+    let _ = std::fs::write(
+        repo_root().join("target/node-e2e-agent-berthd.log"),
+        n.agent.daemon.log(),
+    );
     assert!(
         (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
             && outcome.passed + outcome.failed == outcome.ran,

@@ -227,7 +227,9 @@ pub async fn serve(
             was_running
         };
         match crate::logs::copy(&path, &opts, &mut out, &mut running) {
-            Ok(_) => {}
+            Ok(bytes) => {
+                tracing::debug!(log = %path.display(), bytes, "node server: log served");
+            }
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
             Err(e) => {
                 tracing::debug!(log = %path.display(), error = %e, "node server: reading a log");

@@ -328,6 +328,7 @@ impl NodeServer {
             return Ok(plain(StatusCode::FORBIDDEN, why));
         }
         let query = req.uri().query().unwrap_or("").to_string();
+        tracing::debug!(user = %user.name, method = %req.method(), path, query, "node server: request");
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         let method = req.method().clone();
         let get = method == Method::GET || method == Method::HEAD;

@@ -362,10 +362,17 @@ impl PodWorker {
     /// activeDeadlineSeconds); new labels or annotations are written to the downward API
     /// volumes at once, as the kubelet's next sync writes them.
     fn take_update(&mut self, updates: &mut watch::Receiver<Pod>) {
-        if !updates.has_changed().unwrap_or(false) {
-            return;
-        }
-        let pod = updates.borrow_and_update().clone();
+        // Compared, not `has_changed`: the wait on `changed()` has marked the value seen.
+        let pod = {
+            let latest = updates.borrow_and_update();
+            let same = latest.metadata.labels == self.desired.pod.metadata.labels
+                && latest.metadata.annotations == self.desired.pod.metadata.annotations
+                && latest.spec == self.desired.pod.spec;
+            if same {
+                return;
+            }
+            latest.clone()
+        };
         let meta = |p: &Pod| (p.metadata.labels.clone(), p.metadata.annotations.clone());
         let relabelled = meta(&pod) != meta(&self.desired.pod);
         self.desired.pod = pod;
