@@ -1,6 +1,7 @@
 //! Kubernetes 1.20's own e2e suite with Berth's agent as the cluster's only node (no kubelet):
 //! the same `e2e.test`, specs and images as tests/kubelet_e2e.rs, whose stock kubelet on berthd
-//! is the reference. The agent passes every spec the kubelet on Berth passes.
+//! is the reference. The agent passes every spec the kubelet on Berth passes but those of
+//! `AGENT_MAY_FAIL`.
 
 mod agent_support;
 #[path = "agent_support/cluster_node.rs"]
@@ -17,50 +18,13 @@ use common::*;
 use e2e_support::{parse, push_images, report, run_suite, whole_set};
 
 /// Specs the agent may fail, each with why; the kubelet on Berth passes them all, so each entry
-/// is a difference still to remove. Measured: 84 of 104 passed with the agent before the
-/// hostname and init-container fixes.
-const AGENT_MAY_FAIL: &[(&str, &str)] = &[
-    (
-        "should report termination message",
-        "the five specs' pod names exceed 63 bytes: the sandbox hostname was refused (hostname now cut to 63 as the kubelet's; not yet measured in a full run)",
-    ),
-    (
-        "should allow activeDeadlineSeconds to be updated",
-        "a pod name over 63 bytes, as above",
-    ),
-    (
-        "InitContainer [NodeConformance] should",
-        "finished init containers were reported not Ready (now Ready as the kubelet's; not yet measured in a full run)",
-    ),
-    (
-        "should update labels on modification",
-        "downward API volumes are rewritten at the volume refresh period (60 s), not when the pod's labels change",
-    ),
-    (
-        "should update annotations on modification",
-        "downward API volumes are rewritten at the volume refresh period (60 s), not when the pod's annotations change",
-    ),
-    (
-        "KubeletManagedEtcHosts should test kubelet managed /etc/hosts file",
-        "the agent's /etc/hosts for host-network pods and containers mounting their own differs from the kubelet's; not yet investigated",
-    ),
-    (
-        "with hostAliases should write entries to /etc/hosts",
-        "hostAliases are not written to the pod's /etc/hosts by the agent; not yet investigated",
-    ),
-    (
-        "Variable Expansion should allow substituting values in a container's",
-        "$(VAR) in command and args: the output differs from the kubelet's; not yet investigated",
-    ),
-    (
-        "should support retrieving logs from the container over websockets",
-        "the API server's WebSocket log stream from the node server ends with an error; not yet investigated",
-    ),
-    (
-        "should contain environment variables for services",
-        "the agent does not yet set the service link variables (enableServiceLinks)",
-    ),
-];
+/// is a difference still to remove.
+const AGENT_MAY_FAIL: &[(&str, &str)] = &[(
+    "should support retrieving logs from the container over websockets",
+    "the node server serves the whole log (berthd's log shows the 19 bytes sent to the API \
+     server), yet the API server's WebSocket reply to the suite is sometimes empty: it passed \
+     alone and failed in full runs; the cause is not found yet",
+)];
 
 #[tokio::test]
 async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
