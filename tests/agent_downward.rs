@@ -172,7 +172,7 @@ async fn item_paths_leaving_the_volume_are_refused_and_nothing_is_written() {
     });
     assert_eq!(
         waiting_message(&p, "main"),
-        "MountVolume.SetUp failed: volume \"bad\": downwardAPI item \"../escape\": path \"../escape\" must not contain '..'",
+        "MountVolume.SetUp failed for volume \"bad\" : downwardAPI item \"../escape\": path \"../escape\" must not contain '..'",
         "{p}"
     );
     assert_eq!(waiting_reason(&p, "main"), "ContainerCreating", "{p}");

@@ -13,6 +13,12 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::streaming::form_pairs;
+
+/// Time between a log response's last data and its end. The API server's WebSocket log stream
+/// (Kubernetes' `wsstream`) drops the bytes of a read that also returns the end of the body, and
+/// Go's chunked reader returns both at once when the closing chunk arrived with the data; sent
+/// apart, the last data is read alone, as from the kubelet, whose writes are flushed one by one.
+const END_GAP: std::time::Duration = std::time::Duration::from_millis(20);
 use super::{Body, ServeError};
 use crate::agent::AgentContext;
 use crate::agent::runtime::labels;
@@ -229,6 +235,10 @@ pub async fn serve(
         match crate::logs::copy(&path, &opts, &mut out, &mut running) {
             Ok(bytes) => {
                 tracing::debug!(log = %path.display(), bytes, "node server: log served");
+                if bytes > 0 {
+                    // The body's end goes out apart from its last data: see END_GAP.
+                    std::thread::sleep(END_GAP);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
             Err(e) => {

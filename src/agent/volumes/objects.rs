@@ -21,6 +21,9 @@ use crate::agent::cluster::Cluster;
 /// Mode of a volume file without one (the API's default for these volumes).
 const DEFAULT_MODE: i32 = 0o644;
 
+/// How long a container start waits for the services of its environment.
+const SERVICES_READ: Duration = Duration::from_secs(10);
+
 /// Life of a service-account token without an expirationSeconds (the API's default).
 const DEFAULT_TOKEN_SECS: i64 = 3600;
 
@@ -56,11 +59,13 @@ impl ApiObjects {
     }
 
     /// The values env and envFrom of `containers` name, by kind and object (None: the object
-    /// does not exist).
+    /// does not exist), and the service variables. A static pod (`static_pod`) starts without
+    /// the service variables when the API server cannot give them: it runs without one.
     pub async fn env_objects(
         &self,
         pod: &Pod,
         containers: &[&Container],
+        static_pod: bool,
     ) -> Result<EnvObjects, String> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let mut wanted = Vec::new();
@@ -90,7 +95,19 @@ impl ApiObjects {
             let keys = self.keys(ns, kind, &name).await?;
             out.objects.insert((kind, name), keys);
         }
-        out.services = self.service_env(pod, ns).await?;
+        let services = tokio::time::timeout(SERVICES_READ, self.service_env(pod, ns)).await;
+        out.services = match services.unwrap_or_else(|_| {
+            Err(format!(
+                "reading the services for the pod's environment: no answer in {SERVICES_READ:?}"
+            ))
+        }) {
+            Ok(env) => env,
+            Err(e) if static_pod => {
+                tracing::warn!(pod = ?pod.metadata.name, error = %e, "static pod started without the service variables");
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
         Ok(out)
     }
 

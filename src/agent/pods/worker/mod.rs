@@ -803,7 +803,14 @@ impl PodWorker {
             self.pod_ip.clone()
         };
         let objects = match &self.api {
-            Some(api) => match api.env_objects(&self.desired.pod, &[c]).await {
+            Some(api) => match api
+                .env_objects(
+                    &self.desired.pod,
+                    &[c],
+                    !self.desired.file.as_os_str().is_empty(),
+                )
+                .await
+            {
                 Ok(o) => Some(o),
                 Err(e) => {
                     tracing::warn!(pod = %self.pod_ref(), container = %c.name, error = %e, "reading env objects");
