@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use cluster_node::AgentNode;
 use common::*;
-use e2e_support::{parse, push_images, report, run_suite, whole_set};
+use e2e_support::{assert_ran, parse, push_images, report, run_suite};
 
 /// Specs the agent may fail, each with why; the kubelet on Berth passes them all, so each entry
 /// is a difference still to remove.
@@ -41,12 +41,7 @@ async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
         repo_root().join("target/node-e2e-agent-berthd.log"),
         n.agent.daemon.log(),
     );
-    assert!(
-        (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
-            && outcome.passed + outcome.failed == outcome.ran,
-        "the suite ran: {outcome:?}\n{}",
-        tail(&output, 60)
-    );
+    assert_ran(&outcome, &output);
     let unexpected: Vec<&String> = outcome
         .failures
         .iter()

@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::*;
-use e2e_support::{parse, push_images, report, run_suite, whole_set};
+use e2e_support::{assert_ran, parse, push_images, report, run_suite};
 use kubelet_support::control_plane::ControlPlane;
 use kubelet_support::*;
 
@@ -145,12 +145,7 @@ async fn node_conformance_specs_pass() {
         &outcome,
         started.elapsed(),
     );
-    assert!(
-        (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
-            && outcome.passed + outcome.failed == outcome.ran,
-        "the suite ran: {outcome:?}\n{}",
-        tail(&output, 60)
-    );
+    assert_ran(&outcome, &output);
     let unexpected: Vec<&String> = outcome
         .failures
         .iter()

@@ -72,6 +72,17 @@ pub fn parse(output: &str) -> Outcome {
     o
 }
 
+/// Fails unless the suite ran whole: every spec of the set (at least 100 of them, or at least one
+/// of a `BERTH_E2E_FOCUS` set) passed or failed.
+pub fn assert_ran(outcome: &Outcome, output: &str) {
+    assert!(
+        (outcome.ran >= 100 || (!whole_set() && outcome.ran > 0))
+            && outcome.passed + outcome.failed == outcome.ran,
+        "the suite ran: {outcome:?}\n{}",
+        tail(output, 60)
+    );
+}
+
 /// Builds and pushes the specs' images (`hack/e2e-images.sh`); their repo list is written to
 /// `repo_list` for `KUBE_TEST_REPO_LIST`.
 pub fn push_images(repo_list: &Path) {

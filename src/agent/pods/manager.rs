@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
 
 use super::admission::{self, NodeView, SysctlAllowlist};
-use super::worker::{Desire, PodWorker};
+use super::worker::{Desire, PodWorker, same_for_worker};
 use crate::agent::AgentContext;
 use crate::agent::cluster::{self, Cluster};
 use crate::agent::node::status::NodeStatus;
@@ -245,10 +245,7 @@ impl PodManager {
             let wanted = current.filter(|(_, d)| d.hash == w.hash && !being_deleted(&d.pod));
             if let Some((_, d)) = wanted {
                 w.pod.send_if_modified(|p| {
-                    // Not the resource version: the pod's own status updates change it.
-                    let changed = p.metadata.labels != d.pod.metadata.labels
-                        || p.metadata.annotations != d.pod.metadata.annotations
-                        || p.spec != d.pod.spec;
+                    let changed = !same_for_worker(p, &d.pod);
                     if changed {
                         p.clone_from(&d.pod);
                     }

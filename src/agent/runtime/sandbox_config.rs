@@ -28,13 +28,8 @@ pub fn sandbox_config(
     cluster_dns: &ClusterDns<'_>,
 ) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
-    let host_network = spec.host_network.unwrap_or(false);
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let hostname = if host_network {
-        node_name.to_string()
-    } else {
-        pod_hostname(spec.hostname.as_deref().unwrap_or(&name))
-    };
+    let hostname = hostname_of(pod, node_name);
     let mode = |host: Option<bool>| {
         if host.unwrap_or(false) {
             cri::NamespaceMode::Node as i32
@@ -256,12 +251,26 @@ pub fn parse_resolv_conf(text: &str) -> cri::DnsConfig {
     dns
 }
 
+/// The hostname of `pod`'s sandbox: the node's for a host-network pod, else `spec.hostname` or
+/// the pod's name, cut as [`pod_hostname`] cuts it.
+pub fn hostname_of(pod: &Pod, node_name: &str) -> String {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return node_name.to_string();
+    }
+    let name = spec
+        .and_then(|s| s.hostname.as_deref())
+        .or(pod.metadata.name.as_deref())
+        .unwrap_or_default();
+    pod_hostname(name)
+}
+
 /// Longest hostname a pod gets (a DNS label).
 const MAX_HOSTNAME: usize = 63;
 
 /// A pod's hostname from its name (or `spec.hostname`): cut to 63 bytes without trailing `-` or
 /// `.`, as the kubelet does for a pod name longer than a DNS label.
-pub fn pod_hostname(name: &str) -> String {
+fn pod_hostname(name: &str) -> String {
     if name.len() <= MAX_HOSTNAME {
         return name.to_string();
     }

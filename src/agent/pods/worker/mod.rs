@@ -116,6 +116,14 @@ fn with_userns(sc: &mut cri::LinuxSandboxSecurityContext, userns: &Option<cri::U
     }
 }
 
+/// Whether `a` and `b` are the same to a running worker: labels, annotations and spec (not the
+/// resource version, which the pod's own status updates change).
+pub fn same_for_worker(a: &Pod, b: &Pod) -> bool {
+    a.metadata.labels == b.metadata.labels
+        && a.metadata.annotations == b.metadata.annotations
+        && a.spec == b.spec
+}
+
 /// Back-off key of sandbox creation (container names cannot contain '/').
 const SANDBOX_KEY: &str = "/sandbox";
 
@@ -234,11 +242,14 @@ impl PodWorker {
 
     /// Syncs until `stop` asks it to stop, then terminates the pod (within the grace period
     /// asked, else the pod's own).
-    pub async fn run(mut self, mut stop: watch::Receiver<Desire>, updates: watch::Receiver<Pod>) {
+    pub async fn run(
+        mut self,
+        mut stop: watch::Receiver<Desire>,
+        mut updates: watch::Receiver<Pod>,
+    ) {
         let pod = self.pod_ref();
         tracing::info!(pod = %pod, file = %self.desired.file.display(), "starting pod worker");
         let period = self.ctx.sync_period;
-        let mut updates = updates;
         loop {
             if *stop.borrow() != Desire::Run {
                 break;
@@ -336,16 +347,7 @@ impl PodWorker {
     /// the kubelet does) and returns its mount.
     fn write_etc_hosts(&self, ip: &str) -> Result<cri::Mount, String> {
         let pod = self.pod();
-        let spec = pod.spec.as_ref();
-        let hostname = if self.host_network() {
-            self.ctx.node.name.clone()
-        } else {
-            let name = spec
-                .and_then(|s| s.hostname.as_deref())
-                .or(pod.metadata.name.as_deref())
-                .unwrap_or_default();
-            crate::agent::runtime::sandbox_config::pod_hostname(name)
-        };
+        let hostname = crate::agent::runtime::sandbox_config::hostname_of(pod, &self.ctx.node.name);
         let domain = etc_hosts::pod_domain(pod, &self.ctx.config.cluster_domain);
         let node_hosts = if self.host_network() {
             std::fs::read_to_string("/etc/hosts")
@@ -365,10 +367,7 @@ impl PodWorker {
         // Compared, not `has_changed`: the wait on `changed()` has marked the value seen.
         let pod = {
             let latest = updates.borrow_and_update();
-            let same = latest.metadata.labels == self.desired.pod.metadata.labels
-                && latest.metadata.annotations == self.desired.pod.metadata.annotations
-                && latest.spec == self.desired.pod.spec;
-            if same {
+            if same_for_worker(&latest, &self.desired.pod) {
                 return;
             }
             latest.clone()
