@@ -2,7 +2,8 @@
 # Runs Kubernetes 1.20's node e2e specs three ways in one run: the stock kubelet on containerd
 # 1.6 + runc, the stock kubelet on berthd (tests/kubelet_e2e.rs), and Berth's agent as the node
 # (tests/agent_e2e.rs). Prints each column's outcome (ran, passed, failed, wall time, the failed
-# specs) and then the specs that fail in one column and pass in another. Needs root; installs
+# specs), the specs that fail in one column and pass in another, and the specs whose time differs
+# most between columns (hack/e2e-times.py). Needs root; installs
 # containerd and the kubelet build as needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,3 +34,7 @@ for col in kubelet-on-containerd kubelet-on-berth agent; do
     comm -23 "$out/$col.failed" "$out/$other.failed" | sed "s/^/fails on $col, passes on $other: /"
   done
 done
+# Where the time goes: spec by spec, the kubelet on Berth against the agent and against
+# the kubelet on containerd.
+python3 hack/e2e-times.py target/node-e2e-berth-junit target/node-e2e-agent-junit
+python3 hack/e2e-times.py target/node-e2e-containerd-junit target/node-e2e-berth-junit

@@ -278,6 +278,20 @@ def shared_libs(binary):
     return libs
 
 
+def add_host_binaries(t, binaries):
+    """Adds the host's dynamically linked binaries ((host path, path in the image) pairs) to t,
+    with each shared library they need once, at the path the loader names (contents copied,
+    host symlinks followed)."""
+    libs = set()
+    for binary, dest in binaries:
+        with open(binary, "rb") as f:
+            t.file(dest, f.read(), mode=0o755)
+        libs.update(shared_libs(binary))
+    for lib in sorted(libs):
+        with open(os.path.realpath(lib), "rb") as f:
+            t.file(lib.lstrip("/"), f.read(), mode=0o755)
+
+
 def busybox_layer(busybox_root):
     busybox = os.path.join(busybox_root, "bin", "busybox")
     t = Tar()

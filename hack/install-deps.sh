@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing Berth needs, from Debian's packages and crates.io only.
 set -euo pipefail
-pkgs=(gcc libc6-dev protobuf-compiler iproute2 util-linux libseccomp-dev docker-registry skopeo apache2-utils jq zstd curl bc busybox-static containernetworking-plugins iptables openssl dbus-daemon python3-dbus python3-gi debootstrap)
+pkgs=(gcc libc6-dev protobuf-compiler netcat-openbsd iproute2 util-linux libseccomp-dev docker-registry skopeo apache2-utils jq zstd curl bc busybox-static containernetworking-plugins iptables openssl dbus-daemon python3-dbus python3-gi debootstrap)
 pkgs+=(prometheus)
 [ "${1:-}" = "--bench" ] && pkgs+=(containerd runc)
 missing=()

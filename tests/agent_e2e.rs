@@ -34,9 +34,16 @@ async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
     let repo_list = work.path().join("repo-list.yaml");
     push_images(&repo_list);
     let started = Instant::now();
-    let output = run_suite(&n.cp, &repo_list, &work.path().join("report"));
+    let report_dir = work.path().join("report");
+    let output = run_suite(&n.cp, &repo_list, &report_dir);
     let outcome = parse(&output);
-    report("node-e2e-agent", &output, &outcome, started.elapsed());
+    report(
+        "node-e2e-agent",
+        &output,
+        &outcome,
+        started.elapsed(),
+        &report_dir,
+    );
     let _ = std::fs::write(
         repo_root().join("target/node-e2e-agent-berthd.log"),
         n.agent.daemon.log(),

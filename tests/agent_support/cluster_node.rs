@@ -39,15 +39,18 @@ impl AgentNode {
         plane: &PlaneOptions,
         setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
     ) -> Self {
-        Self::launch(agent_toml, plane, true, setup)
+        Self::launch(agent_toml, plane, false, setup)
     }
 
     /// As [`AgentNode::start`], with no taint (any pod may be scheduled on the node: the
-    /// upstream e2e suite's pods tolerate none) and the node server taking the API server's
-    /// client certificate (the cluster CA as `--client-ca-file`, as a kubelet's clientCAFile), so
-    /// that logs, exec and port-forward reach it through the API server.
+    /// upstream e2e suite's pods tolerate none), the node's address on its pod network's host
+    /// side with the node server there on the kubelet's port 10250 (some upstream specs reach
+    /// the node through the API server's proxy at that port whatever the node reports), and
+    /// the node server taking the API server's client certificate (the cluster CA as
+    /// `--client-ca-file`, as a kubelet's clientCAFile), so that logs, exec and port-forward
+    /// reach it through the API server.
     pub fn start_schedulable(agent_toml: &str) -> Self {
-        Self::launch(agent_toml, &PlaneOptions::default(), false, |cp, _| {
+        Self::launch(agent_toml, &PlaneOptions::default(), true, |cp, _| {
             (
                 cp.node_kubeconfig(),
                 vec!["--client-ca-file".into(), cp.ca().display().to_string()],
@@ -58,7 +61,7 @@ impl AgentNode {
     fn launch(
         agent_toml: &str,
         plane: &PlaneOptions,
-        tainted: bool,
+        schedulable: bool,
         setup: impl FnOnce(&ControlPlane, &str) -> (std::path::PathBuf, Vec<String>),
     ) -> Self {
         let tag = TempDir::new("nodename").unique_name();
@@ -68,6 +71,13 @@ impl AgentNode {
         net.bridge_up();
         let cp = ControlPlane::start_with(&node, plane);
         let (kubeconfig, extra) = setup(&cp, &node);
+        let (node_ip, agent_toml) = if schedulable {
+            let ip = net.gateway();
+            let toml = format!("{agent_toml}server_address = \"{ip}:10250\"\n");
+            (ip, toml)
+        } else {
+            ("127.0.0.1".to_string(), agent_toml.to_string())
+        };
         let mut args: Vec<String> = [
             "--kubeconfig",
             &kubeconfig.display().to_string(),
@@ -76,12 +86,12 @@ impl AgentNode {
             "--node-labels",
             "tier=test,berth.dev/role=agent",
             "--node-ip",
-            "127.0.0.1",
+            &node_ip,
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if tainted {
+        if !schedulable {
             args.extend([
                 "--register-with-taints".into(),
                 "dedicated=berth:NoSchedule".into(),
@@ -89,7 +99,7 @@ impl AgentNode {
         }
         args.extend(net.daemon_args());
         args.extend(extra);
-        let agent = Agent::start_with_config(&args, agent_toml);
+        let agent = Agent::start_with_config(&args, &agent_toml);
         let ready = |cp: &ControlPlane| {
             cp.jsonpath(
                 &["node", &node],

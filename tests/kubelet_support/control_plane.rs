@@ -294,6 +294,7 @@ impl ControlPlane {
             node_name: Some(node.to_string()),
             client_ca: Some(self.ca()),
             address: Some(net.gateway()),
+            port: None,
             extra_config: String::new(),
         }
     }

@@ -92,6 +92,10 @@ pub struct KubeletOptions {
     /// The address it serves on and reports as the node's InternalIP (the kubelet refuses a
     /// loopback node IP): a test network's host side. Default: 127.0.0.1, no node IP.
     pub address: Option<String>,
+    /// The port it serves on (default: a free one). 10250, the kubelet's own, only on an
+    /// address of the test's (some e2e specs reach the node through the API server's proxy at
+    /// that port whatever the node reports).
+    pub port: Option<u16>,
     /// Extra KubeletConfiguration lines.
     pub extra_config: String,
 }
@@ -135,7 +139,7 @@ impl Kubelet {
         let node_name = opts.node_name.clone().unwrap_or(tag.clone());
         let mut k = Kubelet {
             socket,
-            port: free_port(),
+            port: opts.port.unwrap_or_else(free_port),
             healthz_port: free_port(),
             node_name,
             cgroups: CgroupRoot::new(format!("berth-{tag}")),

@@ -26,7 +26,7 @@ pub async fn run(
     };
     let budget = budget.max(Duration::from_secs(1));
     match tokio::time::timeout(budget, probe::once(&as_probe, target, budget)).await {
-        Ok(r) => r,
+        Ok(r) => r.map(|_| ()),
         Err(_) => Err(format!("did not finish in {}s", budget.as_secs())),
     }
 }

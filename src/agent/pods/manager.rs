@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use super::admission::{self, NodeView, SysctlAllowlist};
 use super::worker::{Desire, PodWorker, same_for_worker};
 use crate::agent::AgentContext;
+use crate::agent::cluster::events::EventType;
 use crate::agent::cluster::{self, Cluster};
 use crate::agent::node::status::NodeStatus;
 use crate::agent::runtime::labels;
@@ -311,6 +312,16 @@ impl PodManager {
             });
             if let Err(r) = verdict {
                 tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
+                // A Warning event with the refusal's reason, as the kubelet's rejectPod.
+                if let Some(events) = &self.ctx.events {
+                    events.pod(
+                        &d.pod,
+                        None,
+                        EventType::Warning,
+                        &r.reason,
+                        r.message.clone(),
+                    );
+                }
                 let mut pod = d.pod.clone();
                 pod.status = Some(PodStatus {
                     phase: Some("Failed".into()),
@@ -337,10 +348,14 @@ impl PodManager {
             let (me, done_key, uid) = (self.clone(), key.clone(), d.uid.clone());
             // A worker that panics ends too: it is forgotten and its pod started again.
             tokio::spawn(async move {
-                if let Err(e) = worker.await {
-                    tracing::error!(pod = %format!("{}/{}", done_key.0, done_key.1), error = %e, "pod worker failed");
-                }
-                me.worker_ended(done_key, uid).await;
+                let last = match worker.await {
+                    Ok(last) => last,
+                    Err(e) => {
+                        tracing::error!(pod = %format!("{}/{}", done_key.0, done_key.1), error = %e, "pod worker failed");
+                        None
+                    }
+                };
+                me.worker_ended(done_key, uid, last).await;
             });
             workers.insert(
                 key.clone(),
@@ -357,8 +372,10 @@ impl PodManager {
         }
     }
 
-    /// A worker ended: forget it, finish an API deletion, and start what is wanted now.
-    async fn worker_ended(self: Arc<Self>, key: PodKey, uid: String) {
+    /// A worker ended (with the pod's final status `last`): forget it, finish an API deletion
+    /// (the final status first, so that the pod's last state shows its containers stopped), and
+    /// start what is wanted now.
+    async fn worker_ended(self: Arc<Self>, key: PodKey, uid: String, last: Option<PodStatus>) {
         let deleting = match self.state.lock() {
             Ok(mut st) => match st.workers.get(&key) {
                 Some(w) if w.uid == uid => st.workers.remove(&key).and_then(|w| w.deleting),
@@ -367,6 +384,11 @@ impl PodManager {
             Err(_) => None,
         };
         if let (Some(pod), Some(cluster)) = (deleting, &self.cluster) {
+            if let (Some(status), Some(uid)) = (&last, pod.metadata.uid.as_deref())
+                && let Err(e) = super::status_manager::send(cluster, &pod, uid, status).await
+            {
+                tracing::debug!(uid, error = %e, "final pod status not sent");
+            }
             finish_deletion(cluster, &pod).await;
         }
         self.reconcile();

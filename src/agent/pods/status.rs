@@ -3,7 +3,7 @@
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus,
+    ContainerStatus, Pod,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -19,6 +19,48 @@ pub fn time_of(ns: i64) -> Option<Time> {
 /// Container names as the kubelet lists them in condition messages: `[a b]`.
 pub fn name_list(names: &[&str]) -> String {
     format!("[{}]", names.join(" "))
+}
+
+/// The pod's own conditions its readiness gates name, as (type, status) pairs: others set them
+/// in the API server and the Ready condition waits for them.
+pub fn gate_conditions(pod: &Pod) -> Vec<(String, String)> {
+    let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    gates
+        .into_iter()
+        .flatten()
+        .filter_map(|g| {
+            conditions
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == g.condition_type)
+                .map(|c| (c.type_.clone(), c.status.clone()))
+        })
+        .collect()
+}
+
+/// Why the pod's readiness gates hold it back, in the kubelet's words (None: every gate's
+/// condition is True).
+pub fn unready_gates(pod: &Pod) -> Option<String> {
+    let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref())?;
+    let present = gate_conditions(pod);
+    let why: Vec<String> = gates
+        .iter()
+        .filter_map(
+            |g| match present.iter().find(|(t, _)| *t == g.condition_type) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {:?} does not exist.",
+                    g.condition_type
+                )),
+                Some((_, status)) if status != "True" => Some(format!(
+                    "the status of pod readiness gate {:?} is not \"True\", but {status}",
+                    g.condition_type
+                )),
+                Some(_) => None,
+            },
+        )
+        .collect();
+    (!why.is_empty()).then(|| why.join(", "))
 }
 
 /// Now, as a v1 Time.

@@ -68,7 +68,8 @@ pub async fn run(cluster: Arc<Cluster>, ctx: Arc<AgentContext>, pods: Arc<PodMan
     }
 }
 
-async fn send(
+/// PATCHes `status` onto `pod` (of UID `uid`, the precondition) in the API server.
+pub async fn send(
     cluster: &Cluster,
     pod: &Pod,
     uid: &str,

@@ -22,15 +22,15 @@ const MAX_HEAD: usize = 16 * 1024;
 
 /// Probes `host:port` with `http`: success for a final status 200–399. Redirects (301, 302,
 /// 303, 307, 308 with a Location) to the same host are followed, up to [`MAX_REDIRECTS`]; one
-/// to another host ends the probe as a success, as the kubelet counts it (a warning there),
-/// because a probe never leaves the pod. Connecting, every request and every redirect share
-/// `timeout`.
+/// to another host ends the probe as a success with a warning (returned), as the kubelet
+/// counts it, because a probe never leaves the pod. Connecting, every request and every
+/// redirect share `timeout`.
 pub async fn check(
     http: &HTTPGetAction,
     host: &str,
     port: u16,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<Option<String>, String> {
     let first = Target {
         scheme: Scheme::parse(http.scheme.as_deref())?,
         host: host.to_string(),
@@ -44,27 +44,42 @@ pub async fn check(
         .map(|h| (h.name.clone(), h.value.clone()))
         .collect();
     let url = first.url();
-    let code = tokio::time::timeout(timeout, follow(first, &headers))
+    let end = tokio::time::timeout(timeout, follow(first, &headers))
         .await
         .map_err(|_| {
             format!(
                 "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
             )
         })??;
+    let code = match end {
+        End::Status(code) => code,
+        End::Elsewhere(location) => {
+            return Ok(Some(format!("Probe terminated redirects to {location}")));
+        }
+    };
     if (200..400).contains(&code) {
-        Ok(())
+        Ok(None)
     } else {
         Err(format!("HTTP probe failed with statuscode: {code}"))
     }
 }
 
-/// GETs `target`, following same-host redirects; the final status code.
-async fn follow(mut target: Target, headers: &[(String, String)]) -> Result<u16, String> {
+/// How a probe's GETs ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// A final status code.
+    Status(u16),
+    /// A redirect to another host (not followed), to this location.
+    Elsewhere(String),
+}
+
+/// GETs `target`, following same-host redirects.
+async fn follow(mut target: Target, headers: &[(String, String)]) -> Result<End, String> {
     for _ in 0..=MAX_REDIRECTS {
         let reply = get(&target, headers).await?;
         let location = match (reply.code, reply.location) {
             (301 | 302 | 303 | 307 | 308, Some(location)) => location,
-            (code, _) => return Ok(code),
+            (code, _) => return Ok(End::Status(code)),
         };
         match target.redirect(&location) {
             Some(next) => target = next,
@@ -74,7 +89,7 @@ async fn follow(mut target: Target, headers: &[(String, String)]) -> Result<u16,
                     to = %location,
                     "probe redirected to another host: not followed, counted as success"
                 );
-                return Ok(reply.code);
+                return Ok(End::Elsewhere(location));
             }
         }
     }

@@ -58,6 +58,9 @@ pub struct ProbeTarget {
     pub host: String,
     /// The container (for named ports).
     pub container: Container,
+    /// Told each warning of a successful probe (an httpGet redirected to another host), as
+    /// "<Kind> probe warning: ..." (the kubelet's ProbeWarning event).
+    pub on_warning: Option<std::sync::Arc<dyn Fn(String) + Send + Sync>>,
 }
 
 /// A running probe; dropping it stops the probe.
@@ -141,7 +144,10 @@ async fn run(
             ])
             .inc();
         match outcome {
-            Ok(()) => {
+            Ok(warning) => {
+                if let (Some(w), Some(tell)) = (warning, &target.on_warning) {
+                    tell(format!("{} probe warning: {w}", kind.name()));
+                }
                 failures = 0;
                 successes += 1;
                 if successes >= success_threshold {
@@ -173,8 +179,12 @@ async fn run(
     }
 }
 
-/// One probe attempt.
-pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> Result<(), String> {
+/// One probe attempt: passed (with a warning, if any) or failed (why).
+pub(crate) async fn once(
+    probe: &Probe,
+    t: &ProbeTarget,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
     if let Some(exec) = &probe.exec {
         let cmd = exec.command.clone().unwrap_or_default();
         let r = t
@@ -189,7 +199,7 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
             .map_err(|e| format!("exec: {}", e.message()))?
             .into_inner();
         return if r.exit_code == 0 {
-            Ok(())
+            Ok(None)
         } else {
             Err(format!(
                 "exit code {}: {}",
@@ -209,7 +219,7 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
         .await
         .map_err(|_| format!("dial tcp {auth}: i/o timeout"))?
         .map_err(|e| format!("dial tcp {auth}: {e}"))?;
-        return Ok(());
+        return Ok(None);
     }
     if let Some(http) = &probe.http_get {
         let port = resolve_port(&http.port, &t.container)?;
@@ -220,7 +230,9 @@ pub(crate) async fn once(probe: &Probe, t: &ProbeTarget, timeout: Duration) -> R
         let port = u16::try_from(grpc.port).map_err(|_| format!("invalid port {}", grpc.port))?;
         let host = target_host(None, t)?;
         let service = grpc.service.as_deref().unwrap_or("");
-        return grpc::check(&host, port, service, timeout).await;
+        return grpc::check(&host, port, service, timeout)
+            .await
+            .map(|()| None);
     }
     Err("probe has no handler".into())
 }

@@ -1,7 +1,7 @@
 //! The CRI ContainerConfig of one of a pod's containers.
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod, PodSecurityContext};
 
 use super::labels;
 use super::resources;
@@ -142,7 +142,7 @@ pub fn container_config(
                     .or(psc.run_as_group)
                     .map(|value| cri::Int64Value { value }),
                 readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                supplemental_groups: supplemental_groups(&psc),
                 no_new_privs: !privileged && sc.allow_privilege_escalation == Some(false),
                 seccomp: Some(seccomp(
                     sc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()),
@@ -324,6 +324,15 @@ fn field_value(
         "status.hostIP" => Ok(ctx.host_ip.to_string()),
         p => downward::pod_field(pod, p),
     }
+}
+
+/// The groups a pod's processes get besides their own, as the kubelet gives them: the
+/// fsGroup (its volumes' group) first, then the pod's supplementalGroups.
+pub fn supplemental_groups(psc: &PodSecurityContext) -> Vec<i64> {
+    psc.fs_group
+        .into_iter()
+        .chain(psc.supplemental_groups.iter().flatten().copied())
+        .collect()
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub fn sandbox_config(
                 }),
                 run_as_user: psc.run_as_user.map(|v| cri::Int64Value { value: v }),
                 run_as_group: psc.run_as_group.map(|v| cri::Int64Value { value: v }),
-                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                supplemental_groups: super::container_config::supplemental_groups(&psc),
                 seccomp: Some(super::container_config::seccomp(
                     psc.seccomp_profile.as_ref(),
                 )),

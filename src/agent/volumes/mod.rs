@@ -8,6 +8,7 @@
 pub mod atomic;
 pub mod downward;
 pub mod objects;
+pub mod ownership;
 pub mod subpath;
 
 use std::collections::HashMap;
@@ -156,15 +157,22 @@ pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<Prepar
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default();
     let mut node: Option<NodeAllocatable> = None;
+    let fs_group = ownership::fs_group(pod);
     for v in volumes {
+        // Whether the pod's fsGroup goes onto the volume now: the kubelet's volumes of API
+        // objects and downward API at every write, an emptyDir once, when made (empty).
+        let mut owned = true;
         let (path, read_only) = if let Some((files, tmpfs)) = api.get(&v.name) {
             (write_object_volume(pod_dir, &v, files, *tmpfs)?, true)
         } else if let Some(ed) = &v.empty_dir {
-            (prepare_empty_dir(pod_dir, &v.name, ed)?, false)
+            let (dir, made) = prepare_empty_dir(pod_dir, &v.name, ed)?;
+            owned = made;
+            (dir, false)
         } else if let Some(hp) = &v.host_path {
             let path = PathBuf::from(&hp.path);
             check_host_path(&path, hp.type_.as_deref().unwrap_or(""))
                 .map_err(|e| format!("volume {:?}: hostPath {}: {e}", v.name, hp.path))?;
+            owned = false;
             (path, false)
         } else if let Some(d) = &v.downward_api {
             let items: Vec<_> = d.items.iter().flatten().cloned().collect();
@@ -191,6 +199,10 @@ pub fn prepare(pod: &Pod, pod_dir: &Path, api: &ApiVolumeFiles) -> Result<Prepar
                 )
             });
         };
+        if let (Some(gid), true) = (fs_group, owned) {
+            ownership::apply(&path, gid, read_only)
+                .map_err(|e| format!("volume {:?}: setting fsGroup {gid}: {e}", v.name))?;
+        }
         prepared
             .by_name
             .insert(v.name.clone(), PreparedVolume { path, read_only });
@@ -213,18 +225,43 @@ pub fn refresh_downward(pod: &Pod, pod_dir: &Path) -> Result<(), String> {
             continue;
         };
         let node = node.get_or_insert_with(|| NodeAllocatable::detect(pod_dir));
-        prepare_downward(pod, pod_dir, &v.name, &items, mode, node)?;
+        let dir = prepare_downward(pod, pod_dir, &v.name, &items, mode, node)?;
+        own(pod, &v.name, &dir)?;
     }
     Ok(())
 }
 
-/// Creates emptyDir volume `name` (a tmpfs for the Memory medium); returns its directory.
+/// Writes volume `v` of API objects again with `files` (a refresh of a running pod's volume),
+/// with the pod's fsGroup on it.
+pub fn refresh_object_volume(
+    pod: &Pod,
+    pod_dir: &Path,
+    v: &Volume,
+    files: &[atomic::VolumeFile],
+    tmpfs: bool,
+) -> Result<(), String> {
+    let dir = write_object_volume(pod_dir, v, files, tmpfs)?;
+    own(pod, &v.name, &dir)
+}
+
+/// Puts the pod's fsGroup, if any, on read-only volume `name` at `dir`.
+fn own(pod: &Pod, name: &str, dir: &Path) -> Result<(), String> {
+    match ownership::fs_group(pod) {
+        Some(gid) => ownership::apply(dir, gid, true)
+            .map_err(|e| format!("volume {name:?}: setting fsGroup {gid}: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Creates emptyDir volume `name` (a tmpfs for the Memory medium); returns its directory and
+/// whether it was made now (a new directory or a new tmpfs, so empty).
 fn prepare_empty_dir(
     pod_dir: &Path,
     name: &str,
     ed: &EmptyDirVolumeSource,
-) -> Result<PathBuf, String> {
+) -> Result<(PathBuf, bool), String> {
     let dir = empty_dir_path(pod_dir, name);
+    let mut made = !dir.exists();
     std::fs::create_dir_all(&dir)
         .map_err(|e| format!("volume {name:?}: creating {}: {e}", dir.display()))?;
     if ed.medium.as_deref() == Some("Memory") && !is_mount_point(&dir) {
@@ -234,7 +271,8 @@ fn prepare_empty_dir(
             .and_then(|q| parse_quantity(&q.0))
             .map(|b| format!(",size={}", b as u64))
             .unwrap_or_default();
-        let data = std::ffi::CString::new(format!("mode=0777{size}"))
+        // A tmpfs root's own mode (1777, sticky as /tmp), as the kubelet leaves it.
+        let data = std::ffi::CString::new(format!("mode=1777{size}"))
             .map_err(|e| format!("volume {name:?}: {e}"))?;
         rustix::mount::mount(
             "tmpfs",
@@ -244,9 +282,16 @@ fn prepare_empty_dir(
             data.as_c_str(),
         )
         .map_err(|e| format!("volume {name:?}: mounting tmpfs: {e}"))?;
+        made = true;
     }
-    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
-    Ok(dir)
+    // rwx for all, keeping the special bits (a tmpfs's sticky bit, an fsGroup's set-group-ID).
+    if let Ok(m) = std::fs::metadata(&dir)
+        && m.mode() & 0o777 != 0o777
+    {
+        let mode = (m.mode() & 0o7000) | 0o777;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode));
+    }
+    Ok((dir, made))
 }
 
 /// Writes the files of downward API volume `name`; returns its directory. A bad item (a path

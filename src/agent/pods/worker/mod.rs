@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 
@@ -116,12 +116,14 @@ fn with_userns(sc: &mut cri::LinuxSandboxSecurityContext, userns: &Option<cri::U
     }
 }
 
-/// Whether `a` and `b` are the same to a running worker: labels, annotations and spec (not the
-/// resource version, which the pod's own status updates change).
+/// Whether `a` and `b` are the same to a running worker: labels, annotations, spec and the
+/// conditions its readiness gates name (not the resource version or the rest of the status,
+/// which the pod's own status updates change).
 pub fn same_for_worker(a: &Pod, b: &Pod) -> bool {
     a.metadata.labels == b.metadata.labels
         && a.metadata.annotations == b.metadata.annotations
         && a.spec == b.spec
+        && status::gate_conditions(a) == status::gate_conditions(b)
 }
 
 /// Back-off key of sandbox creation (container names cannot contain '/').
@@ -208,11 +210,26 @@ impl PodWorker {
     }
 
     fn target(&self, c: &Container, id: &str) -> ProbeTarget {
+        // A probe's warnings become ProbeWarning events on the pod, naming the container.
+        let on_warning = self.ctx.events.clone().map(|events| {
+            let (pod, name) = (self.pod().clone(), c.name.clone());
+            let tell = move |message: String| {
+                events.pod(
+                    &pod,
+                    Some(&name),
+                    EventType::Warning,
+                    "ProbeWarning",
+                    message,
+                );
+            };
+            Arc::new(tell) as Arc<dyn Fn(String) + Send + Sync>
+        });
         ProbeTarget {
             client: self.ctx.client.clone(),
             container_id: id.to_string(),
             host: self.probe_host(),
             container: c.clone(),
+            on_warning,
         }
     }
     /// The node's cluster DNS settings.
@@ -241,12 +258,12 @@ impl PodWorker {
     }
 
     /// Syncs until `stop` asks it to stop, then terminates the pod (within the grace period
-    /// asked, else the pod's own).
+    /// asked, else the pod's own); returns the pod's final status (every container stopped).
     pub async fn run(
         mut self,
         mut stop: watch::Receiver<Desire>,
         mut updates: watch::Receiver<Pod>,
-    ) {
+    ) -> Option<PodStatus> {
         let pod = self.pod_ref();
         tracing::info!(pod = %pod, file = %self.desired.file.display(), "starting pod worker");
         let period = self.ctx.sync_period;
@@ -328,6 +345,9 @@ impl PodWorker {
         };
         tracing::info!(pod = %pod, grace_secs = ?grace, "terminating pod");
         self.terminate(grace).await;
+        self.publish();
+        let key = crate::agent::sources::manifest::key_of(self.pod());
+        let last = self.ctx.pods.get(&key).and_then(|p| p.status);
         self.ctx.terminations.forget(&self.desired.uid);
         crate::agent::volumes::cleanup(&self.ctx.pods_dir.join(&self.desired.uid));
         // The pod is gone for good: so are its logs (the kubelet removes them too).
@@ -337,10 +357,9 @@ impl PodWorker {
         {
             tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's log directory");
         }
-        self.ctx
-            .pods
-            .remove(&crate::agent::sources::manifest::key_of(self.pod()));
+        self.ctx.pods.remove(&key);
         tracing::info!(pod = %pod, "pod removed");
+        last
     }
 
     /// Writes the pod's managed /etc/hosts for address `ip` (afresh at each container start, as
@@ -1087,7 +1106,8 @@ impl PodWorker {
         let pod_dir = self.ctx.pods_dir.join(&self.desired.uid);
         for v in self.spec().volumes.iter().flatten() {
             if let Some((f, tmpfs)) = files.get(&v.name)
-                && let Err(e) = crate::agent::volumes::write_object_volume(&pod_dir, v, f, *tmpfs)
+                && let Err(e) =
+                    crate::agent::volumes::refresh_object_volume(self.pod(), &pod_dir, v, f, *tmpfs)
             {
                 tracing::warn!(pod = %self.pod_ref(), error = %e, "refreshing a volume");
             }

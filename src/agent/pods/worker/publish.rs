@@ -65,15 +65,20 @@ impl PodWorker {
     }
 
     /// Ready and ContainersReady as the kubelet words them: true while the pod runs with every
-    /// container ready; a completed pod says PodCompleted, else the unready containers are named.
+    /// container ready (and, for Ready, every readiness gate's condition True); a completed pod
+    /// says PodCompleted, else the unready containers or gates are named.
     fn ready_condition(
         &mut self,
         kind: &'static str,
         phase: &str,
         unready: &[&str],
     ) -> PodCondition {
-        let ok = unready.is_empty() && phase == "Running";
-        let mut c = self.condition(kind, ok);
+        let containers_ready = unready.is_empty() && phase == "Running";
+        // Ready also waits for the conditions the pod's readiness gates name.
+        let gates = (kind == "Ready" && containers_ready)
+            .then(|| status::unready_gates(self.pod()))
+            .flatten();
+        let mut c = self.condition(kind, containers_ready && gates.is_none());
         if phase == "Succeeded" {
             c.reason = Some("PodCompleted".into());
         } else if !unready.is_empty() {
@@ -82,6 +87,9 @@ impl PodWorker {
                 "containers with unready status: {}",
                 status::name_list(unready)
             ));
+        } else if let Some(why) = gates {
+            c.reason = Some("ReadinessGatesNotReady".into());
+            c.message = Some(why);
         }
         c
     }

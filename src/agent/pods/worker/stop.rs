@@ -151,12 +151,23 @@ impl PodWorker {
         self.ctx.terminations.mark_done(&self.desired.uid);
     }
 
-    /// Stops the containers within `grace_secs` (None: the pod's grace period), then stops and
+    /// Stops the containers within `grace_secs` (None: the pod's grace period), notes their
+    /// last states (the pod's final status shows every container terminated), then stops and
     /// removes the sandbox.
     pub(super) async fn terminate(&mut self, grace_secs: Option<i64>) {
         self.drop_all_probes();
-        if let Some((id, _)) = self.sandbox.take() {
-            self.remove_sandbox(&id, grace_secs).await;
+        if let Some((id, _)) = self.sandbox.clone() {
+            let grace = grace_secs.map_or_else(|| self.grace(), |g| g.max(0));
+            self.stop_containers(&id, grace).await;
+            self.last_action = Instant::now();
+            if let Err(e) = self.observe().await {
+                tracing::debug!(pod = %self.pod_ref(), error = %e, "observing a terminated pod");
+            }
+            for t in self.tracks.values_mut() {
+                t.waiting = None;
+            }
+            self.sandbox = None;
+            self.remove_sandbox(&id, Some(0)).await;
         }
     }
 }
