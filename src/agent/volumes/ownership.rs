@@ -49,9 +49,9 @@ fn set(fd: BorrowedFd<'_>, gid: u32, mask: u32) -> std::io::Result<()> {
 
 /// Applies the group to every entry under the open directory `dir`.
 fn walk(dir: OwnedFd, gid: u32, mask: u32) -> std::io::Result<()> {
-    let mut entries = rustix::fs::Dir::read_from(&dir)?;
+    let entries = rustix::fs::Dir::read_from(&dir)?;
     let mut children = Vec::new();
-    while let Some(entry) = entries.next() {
+    for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_owned();
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
