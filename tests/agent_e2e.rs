@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use cluster_node::AgentNode;
 use common::*;
-use e2e_support::{assert_ran, parse, push_images, report, run_suite};
+use e2e_support::{PARALLEL, SERIAL, SpecSet, assert_ran, parse, push_images, report, run_suite};
 
 /// Specs the agent may fail, each with why; the kubelet on Berth passes them all, so each entry
 /// is a difference still to remove.
@@ -28,6 +28,18 @@ const AGENT_MAY_FAIL: &[(&str, &str)] = &[(
 
 #[tokio::test]
 async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
+    run_set(&PARALLEL, "node-e2e-agent");
+}
+
+/// The serial specs, one at a time on a node of their own; the agent fails none.
+#[tokio::test]
+async fn serial_specs_pass_with_the_agent_as_the_node() {
+    run_set(&SERIAL, "node-e2e-serial-agent");
+}
+
+/// Runs `set` against a fresh agent node, keeping its output as `name`; fails on any spec the
+/// agent fails but those of `AGENT_MAY_FAIL`.
+fn run_set(set: &SpecSet, name: &str) {
     let mut n = AgentNode::start_schedulable("");
     n.cp.start_scheduler();
     let work = TempDir::new("agent-e2e");
@@ -35,20 +47,14 @@ async fn node_conformance_specs_pass_with_the_agent_as_the_node() {
     push_images(&repo_list);
     let started = Instant::now();
     let report_dir = work.path().join("report");
-    let output = run_suite(&n.cp, &repo_list, &report_dir);
+    let output = run_suite(set, &n.cp, &repo_list, &report_dir);
     let outcome = parse(&output);
-    report(
-        "node-e2e-agent",
-        &output,
-        &outcome,
-        started.elapsed(),
-        &report_dir,
-    );
+    report(name, &output, &outcome, started.elapsed(), &report_dir);
     let _ = std::fs::write(
-        repo_root().join("target/node-e2e-agent-berthd.log"),
+        repo_root().join(format!("target/{name}-berthd.log")),
         n.agent.daemon.log(),
     );
-    assert_ran(&outcome, &output);
+    assert_ran(set, &outcome, &output);
     let unexpected: Vec<&String> = outcome
         .failures
         .iter()

@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::*;
-use e2e_support::{assert_ran, parse, push_images, report, run_suite};
+use e2e_support::{PARALLEL, assert_ran, parse, push_images, report, run_suite};
 use kubelet_support::control_plane::ControlPlane;
 use kubelet_support::*;
 
@@ -143,7 +143,7 @@ async fn node_conformance_specs_pass() {
     cp.wait_node_ready(&node);
     let started = Instant::now();
     let report_dir = work.path().join("report");
-    let output = run_suite(&cp, &repo_list, &report_dir);
+    let output = run_suite(&PARALLEL, &cp, &repo_list, &report_dir);
     let outcome = parse(&output);
     let which = if on_containerd { "containerd" } else { "berth" };
     report(
@@ -153,7 +153,7 @@ async fn node_conformance_specs_pass() {
         started.elapsed(),
         &report_dir,
     );
-    assert_ran(&outcome, &output);
+    assert_ran(&PARALLEL, &outcome, &output);
     let unexpected: Vec<&String> = outcome
         .failures
         .iter()

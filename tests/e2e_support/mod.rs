@@ -2,6 +2,8 @@
 //! specs run, their images, the run, and the reading of ginkgo's summary. The node is the stock
 //! kubelet (tests/kubelet_e2e.rs) or Berth's agent (tests/agent_e2e.rs).
 
+#![allow(dead_code)]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -10,45 +12,81 @@ use crate::common::*;
 use crate::kubelet_support::control_plane::ControlPlane;
 use crate::kubelet_support::{kube_bin, run_for};
 
-/// Which specs run: every spec of the node's areas (pods and their status, probes, container
-/// runtime, kubelet, /etc/hosts, variable expansion, init containers, lifecycle hooks, image
-/// defaults, privileged pods, security context, sysctls, configMap, secrets, downward API,
-/// projected, emptyDir, hostPath and subPath volumes, pod networking on one node, events,
-/// preStop) that `SKIP` leaves: the `[NodeConformance]` and `[Conformance]` ones and the untagged
-/// and node-feature ones (FSGroup, Sysctls, HostAccess, PodReadinessGate) a node should pass.
-pub const FOCUS: &str = r"\[(k8s\.io|sig-[a-z-]+)\] (\[sig-node\] )?(Pods|Probing container|Container Runtime|Kubelet|KubeletManagedEtcHosts|Variable Expansion|InitContainer|Container Lifecycle Hook|Docker Containers|PrivilegedPod|Security Context|Sysctls|ConfigMap|Secrets|Downward API|Projected|EmptyDir|HostPath|Subpath|Networking Granular Checks|Events|PreStop|Pods Extended) ";
-/// The specs left out: those that need the node to themselves or run long (serial, disruptive,
-/// slow), are flaky upstream, need a feature gate or a runtime handler the node does not have,
-/// and the one that pulls a private image from gcr.io with the suite's own credentials (the test
-/// cluster reaches no registry but the local one: it fails on every runtime, after 15 minutes of
-/// retries).
-pub const SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:(RuntimeHandler|EphemeralStorage)\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret";
+/// A set of specs and how they run.
+pub struct SpecSet {
+    /// Ginkgo's focus.
+    pub focus: &'static str,
+    /// Ginkgo's skip.
+    pub skip: &'static str,
+    /// Ginkgo processes running specs at once.
+    pub ginkgo_nodes: u32,
+    /// The fewest specs a whole run of the set runs (a check that the focus still selects it).
+    pub at_least: u32,
+    /// The environment variable that narrows the focus (a few specs while working on them; the
+    /// tests then check only that they pass).
+    pub focus_env: &'static str,
+}
 
-/// `SKIP`, and the specs this host's kernel cannot run on any runtime: PrivilegedPod's spec
-/// adds a dummy network link in a privileged container, which needs the kernel's dummy link
-/// type (a module some kernels lack); tried here in a network namespace of its own.
-pub fn skip() -> String {
-    let dummy_links = Command::new("unshare")
-        .args(["-n", "ip", "link", "add", "berth-probe0", "type", "dummy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if dummy_links {
-        SKIP.to_string()
-    } else {
-        eprintln!("this kernel has no dummy network links: PrivilegedPod's spec is skipped");
-        format!("{SKIP}|PrivilegedPod .*should enable privileged commands")
+/// Every spec of the node's areas (pods and their status, probes, container runtime, kubelet,
+/// /etc/hosts, variable expansion, init containers, lifecycle hooks, image defaults, privileged
+/// pods, security context, sysctls, configMap, secrets, downward API, projected, emptyDir,
+/// hostPath and subPath volumes, pod networking on one node, events, preStop): the
+/// `[NodeConformance]` and `[Conformance]` ones and the untagged and node-feature ones (FSGroup,
+/// Sysctls, HostAccess, PodReadinessGate) a node should pass. Left out: those that need the
+/// node to themselves or run long (serial, disruptive, slow: see [`SERIAL`]), are flaky
+/// upstream, need a feature gate or a runtime handler the node does not have, and the one that
+/// pulls a private image from gcr.io with the suite's own credentials (the test cluster reaches
+/// no registry but the local one: it fails on every runtime, after 15 minutes of retries).
+pub const PARALLEL: SpecSet = SpecSet {
+    focus: r"\[(k8s\.io|sig-[a-z-]+)\] (\[sig-node\] )?(Pods|Probing container|Container Runtime|Kubelet|KubeletManagedEtcHosts|Variable Expansion|InitContainer|Container Lifecycle Hook|Docker Containers|PrivilegedPod|Security Context|Sysctls|ConfigMap|Secrets|Downward API|Projected|EmptyDir|HostPath|Subpath|Networking Granular Checks|Events|PreStop|Pods Extended) ",
+    skip: r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:[^\]]+\]|\[NodeFeature:(RuntimeHandler|EphemeralStorage)\]|\[NodeAlphaFeature:[^\]]+\]|pull from private registry with secret",
+    ginkgo_nodes: 4,
+    at_least: 200,
+    focus_env: "BERTH_E2E_FOCUS",
+};
+
+/// The serial `[Conformance]` specs whose pods run on the node, one at a time, each with the
+/// node to itself: pods of a deleted namespace removed, NoExecute taints evicting pods, daemon
+/// sets, the scheduler's node selectors, resource limits and host ports, preemption, the
+/// configMap volume race, and the downward API's ephemeral-storage limits.
+pub const SERIAL: SpecSet = SpecSet {
+    focus: r"Namespaces \[Serial\] should ensure that all pods are removed|NoExecuteTaintManager .*\[Conformance\]|Daemon set \[Serial\] .*\[Conformance\]|SchedulerPredicates \[Serial\] .*\[Conformance\]|SchedulerPreemption \[Serial\] .*\[Conformance\]|EmptyDir wrapper volumes should not cause race condition when used for configmaps|Downward API \[Serial\] \[Disruptive\] \[NodeFeature:EphemeralStorage\]",
+    skip: r"\[Flaky\]|\[Feature:[^\]]+\]",
+    ginkgo_nodes: 1,
+    at_least: 15,
+    focus_env: "BERTH_E2E_SERIAL_FOCUS",
+};
+
+impl SpecSet {
+    /// The skip of a run: the set's, and the specs this host's kernel cannot run on any
+    /// runtime: PrivilegedPod's spec adds a dummy network link in a privileged container,
+    /// which needs the kernel's dummy link type (a module some kernels lack); tried here in a
+    /// network namespace of its own.
+    pub fn skip(&self) -> String {
+        let dummy_links = Command::new("unshare")
+            .args(["-n", "ip", "link", "add", "berth-probe0", "type", "dummy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if dummy_links {
+            self.skip.to_string()
+        } else {
+            eprintln!("this kernel has no dummy network links: PrivilegedPod's spec is skipped");
+            format!(
+                "{}|PrivilegedPod .*should enable privileged commands",
+                self.skip
+            )
+        }
     }
-}
 
-/// The focus of a run: `FOCUS`, or `BERTH_E2E_FOCUS` when set (a few specs while working on
-/// them; the tests then check only that they pass).
-pub fn focus() -> String {
-    std::env::var("BERTH_E2E_FOCUS").unwrap_or_else(|_| FOCUS.to_string())
-}
+    /// The focus of a run: the set's, or that of `focus_env` when set.
+    pub fn focus(&self) -> String {
+        std::env::var(self.focus_env).unwrap_or_else(|_| self.focus.to_string())
+    }
 
-/// Whether the run is the whole focused set (not narrowed by `BERTH_E2E_FOCUS`).
-pub fn whole_set() -> bool {
-    std::env::var_os("BERTH_E2E_FOCUS").is_none()
+    /// Whether the run is the whole set (not narrowed by `focus_env`).
+    pub fn whole(&self) -> bool {
+        std::env::var_os(self.focus_env).is_none()
+    }
 }
 
 /// The ginkgo summary: ran, passed, failed, and the failed specs' names.
@@ -94,11 +132,11 @@ pub fn parse(output: &str) -> Outcome {
     o
 }
 
-/// Fails unless the suite ran whole: every spec of the set (at least 200 of them, or at least one
-/// of a `BERTH_E2E_FOCUS` set) passed or failed.
-pub fn assert_ran(outcome: &Outcome, output: &str) {
+/// Fails unless the suite ran whole: every spec of `set` (at least `set.at_least` of them, or
+/// at least one of a narrowed set) passed or failed.
+pub fn assert_ran(set: &SpecSet, outcome: &Outcome, output: &str) {
     assert!(
-        (outcome.ran >= 200 || (!whole_set() && outcome.ran > 0))
+        (outcome.ran >= set.at_least || (!set.whole() && outcome.ran > 0))
             && outcome.passed + outcome.failed == outcome.ran,
         "the suite ran: {outcome:?}\n{}",
         tail(output, 60)
@@ -122,12 +160,12 @@ pub fn push_images(repo_list: &Path) {
     );
 }
 
-/// Runs the focused specs against `cp`'s cluster (4 ginkgo nodes, 45 minutes at most) with the
-/// images of `repo_list`; ginkgo's stdout and stderr.
-pub fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
+/// Runs the specs of `set` against `cp`'s cluster (45 minutes at most) with the images of
+/// `repo_list`; ginkgo's stdout and stderr.
+pub fn run_suite(set: &SpecSet, cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
     let mut cmd = Command::new(kube_bin("BERTH_TEST_GINKGO"));
     cmd.env("KUBE_TEST_REPO_LIST", repo_list)
-        .arg("-nodes=4")
+        .arg(format!("-nodes={}", set.ginkgo_nodes))
         .arg("-noColor")
         .arg(kube_bin("BERTH_TEST_E2E"))
         .arg("--")
@@ -136,8 +174,8 @@ pub fn run_suite(cp: &ControlPlane, repo_list: &Path, report: &Path) -> String {
         .arg("--num-nodes=1")
         .arg("--container-runtime=remote")
         .arg(format!("--report-dir={}", report.display()))
-        .arg(format!("--ginkgo.focus={}", focus()))
-        .arg(format!("--ginkgo.skip={}", skip()))
+        .arg(format!("--ginkgo.focus={}", set.focus()))
+        .arg(format!("--ginkgo.skip={}", set.skip()))
         .arg("--ginkgo.noColor");
     let (_, out, err) = run_for(&mut cmd, Duration::from_secs(45 * 60));
     format!("{out}\n{err}")
