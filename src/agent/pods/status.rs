@@ -349,4 +349,36 @@ mod tests {
         };
         assert_eq!(phase("Always", &init), "Pending");
     }
+
+    #[test]
+    fn readiness_gates_name_what_holds_the_pod_back() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [], "readinessGates": [
+                {"conditionType": "example.com/a"}, {"conditionType": "example.com/b"}]},
+            "status": {"conditions": [
+                {"type": "example.com/a", "status": "False"},
+                {"type": "Ready", "status": "True"}]}
+        }))
+        .expect("pod");
+        assert_eq!(
+            gate_conditions(&pod),
+            vec![("example.com/a".to_string(), "False".to_string())]
+        );
+        assert_eq!(
+            unready_gates(&pod).as_deref(),
+            Some(
+                "the status of pod readiness gate \"example.com/a\" is not \"True\", but False, \
+                 corresponding condition of pod readiness gate \"example.com/b\" does not exist."
+            )
+        );
+        let mut all_true = pod.clone();
+        all_true.status = serde_json::from_value(serde_json::json!({"conditions": [
+            {"type": "example.com/a", "status": "True"},
+            {"type": "example.com/b", "status": "True"}]}))
+        .ok();
+        assert_eq!(unready_gates(&all_true), None);
+        let mut no_gates = pod;
+        no_gates.spec.as_mut().expect("spec").readiness_gates = None;
+        assert_eq!(unready_gates(&no_gates), None);
+    }
 }

@@ -444,4 +444,15 @@ mod tests {
             cri::security_profile::ProfileType::Unconfined as i32
         );
     }
+
+    #[test]
+    fn the_fs_group_comes_first_among_the_supplemental_groups() {
+        let psc = PodSecurityContext {
+            fs_group: Some(123),
+            supplemental_groups: Some(vec![5, 6]),
+            ..Default::default()
+        };
+        assert_eq!(supplemental_groups(&psc), vec![123, 5, 6]);
+        assert!(supplemental_groups(&PodSecurityContext::default()).is_empty());
+    }
 }
