@@ -1,7 +1,7 @@
 //! Kubernetes 1.20's own e2e suite with Berth's agent as the cluster's only node (no kubelet):
 //! the same `e2e.test`, specs and images as tests/kubelet_e2e.rs, whose stock kubelet on berthd
-//! is the reference. The agent passes every spec the kubelet on Berth passes but those of
-//! `AGENT_MAY_FAIL`.
+//! is the reference, and the serial specs on a node of their own. The agent passes every spec
+//! but those of `AGENT_MAY_FAIL`.
 
 mod agent_support;
 #[path = "agent_support/cluster_node.rs"]
@@ -18,13 +18,8 @@ use common::*;
 use e2e_support::{PARALLEL, SERIAL, SpecSet, assert_ran, parse, push_images, report, run_suite};
 
 /// Specs the agent may fail, each with why; the kubelet on Berth passes them all, so each entry
-/// is a difference still to remove.
-const AGENT_MAY_FAIL: &[(&str, &str)] = &[(
-    "should support retrieving logs from the container over websockets",
-    "the API server's WebSocket log stream drops the bytes of a read that also returns the end \
-     of the body; the node server now sends its end 20 ms after the last data (END_GAP in \
-     node_server/logs.rs), which is not yet measured over enough full runs to drop this entry",
-)];
+/// would be a difference still to remove. None today.
+const AGENT_MAY_FAIL: &[(&str, &str)] = &[];
 
 #[tokio::test]
 async fn node_conformance_specs_pass_with_the_agent_as_the_node() {

@@ -1,8 +1,7 @@
-//! Kubernetes 1.20's own node e2e suite (`e2e.test`, the `[NodeConformance]` specs of pods,
-//! probes, configMap, secrets, downward API, container runtime, kubelet, variable expansion and
-//! init containers) against a one-node cluster (etcd, kube-apiserver, kube-controller-manager,
-//! kube-scheduler on loopback) whose stock kubelet 1.20 runs on berthd. The images the specs
-//! pull are made by `hack/e2e-images.sh`.
+//! Kubernetes 1.20's own node e2e suite (`e2e.test`, the node specs of `e2e_support::PARALLEL`)
+//! against a one-node cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler on
+//! loopback) whose stock kubelet 1.20 runs on berthd. The images the specs pull are made by
+//! `hack/e2e-images.sh`.
 //!
 //! `BERTH_E2E_RUNTIME=containerd` runs the same suite with the kubelet on containerd 1.6 + runc
 //! instead (`hack/e2e-compare.sh` runs both and compares): the specs listed in
