@@ -254,6 +254,7 @@ pub async fn start(
             tokio::spawn(async move {
                 node::register::register(cluster.clone(), status.clone(), create).await;
                 status.attach(cluster.clone());
+                tokio::spawn(node::watch::run(cluster.clone(), status.clone()));
                 node::lease::run(cluster, lease, status.heartbeat_counter()).await;
             });
         }

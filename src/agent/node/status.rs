@@ -114,6 +114,8 @@ struct Inner {
     transitions: HashMap<String, (String, Time)>,
     /// The Ready status last sent to the API server (for NodeReady / NodeNotReady events).
     sent_ready: Option<String>,
+    /// The Node as the API server has it (from the node watch).
+    api_node: Option<Node>,
 }
 
 /// Counters of the node status loop.
@@ -198,6 +200,18 @@ impl NodeStatus {
         self.inner.lock().ok().and_then(|i| i.node.clone())
     }
 
+    /// Records the Node as the API server has it now (None: it has none).
+    pub fn set_api_node(&self, node: Option<Node>) {
+        if let Ok(mut i) = self.inner.lock() {
+            i.api_node = node;
+        }
+    }
+
+    /// The Node as the API server has it, when the node watch has read it.
+    pub fn api_node(&self) -> Option<Node> {
+        self.inner.lock().ok().and_then(|i| i.api_node.clone())
+    }
+
     /// The loop's counters.
     pub fn counters(&self) -> ReportCounters {
         let (computed, reports) = self
@@ -270,8 +284,12 @@ impl NodeStatus {
         }
     }
 
-    async fn record(&self, node: Node) {
-        let key = meaningful(&node);
+    async fn record(&self, mut node: Node) {
+        let stale = match self.api_node() {
+            Some(api) => adopt_extended_resources(&mut node, &api),
+            None => Vec::new(),
+        };
+        let key = format!("{}{stale:?}", meaningful(&node));
         let due = {
             let Ok(mut i) = self.inner.lock() else { return };
             i.computed += 1;
@@ -285,7 +303,7 @@ impl NodeStatus {
             due
         };
         if due && let Some(cluster) = self.cluster.get() {
-            if let Err(e) = send_status(cluster, &node).await {
+            if let Err(e) = send_status(cluster, &node, &stale).await {
                 cluster.log_failure("patch the node status", &e);
                 // Reported on the next computation instead.
                 if let Ok(mut i) = self.inner.lock() {
@@ -677,10 +695,56 @@ impl NodeStatus {
 /// Tries sent of one node status update (the kubelet's nodeStatusUpdateRetry).
 const STATUS_TRIES: u32 = 5;
 
-/// Sends the node's status as a strategic-merge PATCH of `nodes/<name>/status`.
-async fn send_status(cluster: &Cluster, node: &Node) -> Result<(), kube::Error> {
+/// Whether `name` is an extended resource: one outside the `kubernetes.io` domain, with a
+/// domain (`example.com/dongle`), not a quota's `requests.` name.
+fn is_extended_resource(name: &str) -> bool {
+    let Some((domain, _)) = name.split_once('/') else {
+        return false;
+    };
+    !(domain == "kubernetes.io" || domain.ends_with(".kubernetes.io"))
+        && !name.starts_with("requests.")
+}
+
+/// Keeps the extended resources others put in the API's Node capacity (a device plugin's, an
+/// admin's): in the status sent, as capacity and as allocatable (the kubelet makes all of a
+/// node's capacity allocatable, less its reservations, which extended resources have none
+/// of). Returns the extended resources allocatable on the API's Node that its capacity no
+/// longer has: the status sent removes them.
+fn adopt_extended_resources(node: &mut Node, api: &Node) -> Vec<String> {
+    let api_status = api.status.as_ref();
+    let api_capacity = api_status.and_then(|s| s.capacity.as_ref());
+    let api_allocatable = api_status.and_then(|s| s.allocatable.as_ref());
+    let status = node.status.get_or_insert_with(Default::default);
+    let capacity = status.capacity.get_or_insert_with(Default::default);
+    let allocatable = status.allocatable.get_or_insert_with(Default::default);
+    for (name, q) in api_capacity.into_iter().flatten() {
+        if is_extended_resource(name) && !capacity.contains_key(name) {
+            capacity.insert(name.clone(), q.clone());
+            allocatable.insert(name.clone(), q.clone());
+        }
+    }
+    api_allocatable
+        .into_iter()
+        .flatten()
+        .map(|(name, _)| name)
+        .filter(|name| is_extended_resource(name) && !capacity.contains_key(*name))
+        .cloned()
+        .collect()
+}
+
+/// Sends the node's status as a strategic-merge PATCH of `nodes/<name>/status`, removing the
+/// allocatable resources named in `stale`.
+async fn send_status(cluster: &Cluster, node: &Node, stale: &[String]) -> Result<(), kube::Error> {
     let api: kube::Api<Node> = kube::Api::all(cluster.client());
-    let patch = serde_json::json!({ "status": node.status });
+    let mut patch = serde_json::json!({ "status": node.status });
+    if let Some(allocatable) = patch
+        .pointer_mut("/status/allocatable")
+        .and_then(|a| a.as_object_mut())
+    {
+        for name in stale {
+            allocatable.insert(name.clone(), serde_json::Value::Null);
+        }
+    }
     let params = kube::api::PatchParams::default();
     let mut last = None;
     for _ in 0..STATUS_TRIES {
@@ -720,6 +784,56 @@ fn system_uuid() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect()
+    }
+
+    fn with_resources(capacity: &[(&str, &str)], allocatable: &[(&str, &str)]) -> Node {
+        Node {
+            status: Some(V1NodeStatus {
+                capacity: Some(quantities(capacity)),
+                allocatable: Some(quantities(allocatable)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn others_extended_resources_become_allocatable_and_removed_ones_go() {
+        let mut ours = with_resources(&[("cpu", "2")], &[("cpu", "1500m")]);
+        let api = with_resources(
+            &[
+                ("cpu", "4"),
+                ("example.com/dongle", "5"),
+                ("kubernetes.io/own", "1"),
+            ],
+            &[
+                ("cpu", "4"),
+                ("example.com/dongle", "5"),
+                ("gone.io/x", "1"),
+            ],
+        );
+        let stale = adopt_extended_resources(&mut ours, &api);
+        let status = ours.status.expect("status");
+        // Ours stand; the extended one is kept and allocatable; a kubernetes.io one is not.
+        assert_eq!(
+            status.capacity,
+            Some(quantities(&[("cpu", "2"), ("example.com/dongle", "5")]))
+        );
+        assert_eq!(
+            status.allocatable,
+            Some(quantities(&[("cpu", "1500m"), ("example.com/dongle", "5")]))
+        );
+        assert_eq!(stale, ["gone.io/x"]);
+        assert!(!is_extended_resource("requests.example.com/x"));
+        assert!(!is_extended_resource("hugepages-2Mi"));
+        assert!(!is_extended_resource("node.kubernetes.io/x"));
+    }
 
     #[test]
     fn allocatable_is_capacity_minus_reserves_and_hard_eviction() {

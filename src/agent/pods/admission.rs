@@ -24,7 +24,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// Its taints.
     pub taints: Vec<Taint>,
-    /// Allocatable cpu (millicores), memory and ephemeral-storage (bytes), and pods.
+    /// Allocatable cpu (millicores), memory and ephemeral-storage (bytes), pods, and the
+    /// node's extended resources.
     pub allocatable: BTreeMap<String, f64>,
 }
 
@@ -45,7 +46,15 @@ fn refusal(predicate: &str, why: &str) -> Refusal {
 /// Admits `pod` on `node` beside `others` (the pods admitted before it), or says why not.
 pub fn admit(pod: &Pod, others: &[&Pod], node: &NodeView) -> Result<(), Refusal> {
     let spec = pod.spec.clone().unwrap_or_default();
-    for (resource, unit) in [("cpu", 1000.0), ("memory", 1.0), ("ephemeral-storage", 1.0)] {
+    // The node's extended resources are checked too; one the node does not have is left to
+    // whatever scheduled the pod (a scheduler extender's), as the kubelet does.
+    let extended = node
+        .allocatable
+        .keys()
+        .filter(|k| k.contains('/'))
+        .map(|k| (k.as_str(), 1.0));
+    let resources = [("cpu", 1000.0), ("memory", 1.0), ("ephemeral-storage", 1.0)];
+    for (resource, unit) in resources.into_iter().chain(extended) {
         let requested = requests(pod, resource) * unit;
         if requested <= 0.0 {
             continue;
@@ -572,6 +581,30 @@ mod tests {
         let err = admit(&untolerant, &[], &n).expect_err("taint");
         assert_eq!(err.reason, "TaintToleration");
         assert!(err.message.contains("maint"), "{}", err.message);
+    }
+
+    #[test]
+    fn extended_resources_are_checked_when_the_node_has_them() {
+        let mut n = node();
+        let wants = |count: &str| {
+            pod(with_toleration(
+                serde_json::json!({"containers": [{"name": "c",
+                "resources": {"requests": {"example.com/dongle": count},
+                              "limits": {"example.com/dongle": count}}}]}),
+            ))
+        };
+        // A resource the node does not have is another scheduler's business.
+        assert_eq!(admit(&wants("3"), &[], &n), Ok(()));
+        n.allocatable.insert("example.com/dongle".into(), 5.0);
+        assert_eq!(admit(&wants("3"), &[&wants("2")], &n), Ok(()));
+        let err = admit(&wants("3"), &[&wants("3")], &n).expect_err("dongle");
+        assert_eq!(err.reason, "OutOfexample.com/dongle");
+        assert!(
+            err.message
+                .contains("example.com/dongle, requested: 3, used: 3, capacity: 5"),
+            "{}",
+            err.message
+        );
     }
 
     fn sysctl_pod(names: &[&str], extra: serde_json::Value) -> Pod {

@@ -402,9 +402,11 @@ impl PodManager {
             && self.cluster.as_ref().is_none_or(|c| c.node_uid().is_some())
     }
 
-    /// The node as admission sees it: its labels, the registered taints, what is allocatable.
+    /// The node as admission sees it: its labels, taints and allocatable as the API server
+    /// has them (others' labels, taints and extended resources included), or as computed
+    /// here until the node watch has read the Node.
     fn node_view(&self) -> NodeView {
-        let node = self.node.current();
+        let node = self.node.api_node().or_else(|| self.node.current());
         let status = node.as_ref().and_then(|n| n.status.as_ref());
         let allocatable = status
             .and_then(|s| s.allocatable.as_ref())

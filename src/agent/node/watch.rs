@@ -1,0 +1,93 @@
+//! The node's own Node object as the API server has it, kept current by a list and a watch of
+//! that one object (as the kubelet's node informer): the labels, taints and allocatable others
+//! set on it (an admin's label, a controller's taint, a device plugin's or a test's extended
+//! resource) are what pod admission checks and what the node status keeps.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+
+use super::status::NodeStatus;
+use crate::agent::cluster::{self, Cluster};
+
+/// Seconds one watch request lasts before it is made again.
+const WATCH_SECS: u32 = 290;
+
+/// Lists and watches the node's Node forever, handing each version to `status`.
+pub async fn run(cluster: Arc<Cluster>, status: Arc<NodeStatus>) {
+    let selector = format!("metadata.name={}", cluster.node_name);
+    let mut failures = 0u32;
+    loop {
+        let api: Api<Node> = Api::all(cluster.client());
+        let list = match api.list(&ListParams::default().fields(&selector)).await {
+            Ok(l) => l,
+            Err(e) => {
+                failures += 1;
+                cluster.log_failure("list the node", &e);
+                tokio::time::sleep(cluster::retry_delay(failures)).await;
+                continue;
+            }
+        };
+        failures = 0;
+        let mut rv = list.metadata.resource_version.clone().unwrap_or_default();
+        status.set_api_node(list.items.into_iter().next());
+        loop {
+            let params = WatchParams::default().fields(&selector).timeout(WATCH_SECS);
+            let api: Api<Node> = Api::all(cluster.client());
+            match watch_once(&api, &params, &mut rv, &status).await {
+                Ok(true) => break,
+                Ok(false) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    cluster.log_failure("watch the node", &e);
+                    tokio::time::sleep(cluster::retry_delay(failures)).await;
+                }
+            }
+        }
+    }
+}
+
+/// One watch request: hands each change to `status`; Ok(true) when the version is gone (list
+/// again).
+async fn watch_once(
+    api: &Api<Node>,
+    params: &WatchParams,
+    rv: &mut String,
+    status: &NodeStatus,
+) -> Result<bool, kube::Error> {
+    let stream = match api.watch(params, rv).await {
+        Ok(s) => s,
+        Err(e) if cluster::status_code(&e) == Some(410) => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(WatchEvent::Added(n) | WatchEvent::Modified(n)) => {
+                if let Some(v) = &n.metadata.resource_version {
+                    rv.clone_from(v);
+                }
+                status.set_api_node(Some(n));
+            }
+            Ok(WatchEvent::Deleted(n)) => {
+                if let Some(v) = &n.metadata.resource_version {
+                    rv.clone_from(v);
+                }
+                status.set_api_node(None);
+            }
+            Ok(WatchEvent::Bookmark(b)) => *rv = b.metadata.resource_version,
+            Ok(WatchEvent::Error(e)) if e.code == 410 => return Ok(true),
+            Ok(WatchEvent::Error(e)) => {
+                tracing::debug!(code = e.code, message = %e.message, "the node watch ended with an error");
+                return Ok(false);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the node watch broke off");
+                return Ok(false);
+            }
+        }
+    }
+    Ok(false)
+}
