@@ -39,7 +39,7 @@ pub struct AgentConfig {
     /// CSR, approved by the cluster's operator or approver) and renew it before it expires;
     /// the self-made one is served until the first is issued. Ignored with `tls_cert_file`.
     pub rotate_server_certificates: bool,
-    /// Directory of the node's own certificates (default: `<state dir>/agent/pki`).
+    /// Directory of the node's own certificates (default: `<root dir>/agent/pki`).
     pub cert_dir: Option<PathBuf>,
     /// Kubeconfig with a bootstrap token, used when `kubeconfig` does not exist yet: the node
     /// asks for its client certificate, writes `kubeconfig`, and renews the certificate later.
@@ -291,11 +291,13 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// The directory of the node's certificates: `cert_dir`, or `<state_dir>/agent/pki`.
-    pub fn cert_dir_in(&self, state_dir: &std::path::Path) -> PathBuf {
+    /// The directory of the node's certificates: `cert_dir`, or `<root>/agent/pki` (under the
+    /// root dir, which a reboot keeps, as the kubelet keeps `/var/lib/kubelet/pki`: a node
+    /// whose bootstrap token has expired rejoins with its stored certificate).
+    pub fn cert_dir_in(&self, root: &std::path::Path) -> PathBuf {
         self.cert_dir
             .clone()
-            .unwrap_or_else(|| state_dir.join("agent/pki"))
+            .unwrap_or_else(|| root.join("agent/pki"))
     }
 
     /// `container_log_max_size` in bytes (None unless a positive quantity).

@@ -181,7 +181,7 @@ pub async fn start(
     };
     let local = listener.as_ref().and_then(|l| l.local_addr().ok());
     // The Node's daemonEndpoints name the node server, or the read-only endpoint without one.
-    let server_port = match node_server::start(ctx.clone(), cfg, state_dir).await {
+    let server_port = match node_server::start(ctx.clone(), cfg, root).await {
         Ok(port) => port,
         Err(e) => {
             tracing::error!(error = %e, "node server not started");
@@ -240,7 +240,7 @@ pub async fn start(
             let (cluster, status) = (cluster.clone(), node_status.clone());
             let lease = Duration::from_secs_f64(cfg.node_lease_duration_secs);
             let create = cfg.register_node;
-            let cert_dir = cfg.cert_dir_in(state_dir);
+            let cert_dir = cfg.cert_dir_in(root);
             if let Some(kubeconfig) = cfg.kubeconfig.clone()
                 && cluster::bootstrap::uses_rotated_credentials(&kubeconfig, &cert_dir)
             {
@@ -289,7 +289,7 @@ pub async fn start(
 /// joined (None when there is nothing to bootstrap).
 async fn join_by_bootstrap(
     cfg: &AgentConfig,
-    state_dir: &std::path::Path,
+    root: &std::path::Path,
 ) -> Result<Option<Arc<cluster::Cluster>>, Box<dyn std::error::Error + Send + Sync>> {
     let (Some(kubeconfig), Some(bootstrap)) = (&cfg.kubeconfig, &cfg.bootstrap_kubeconfig) else {
         return Ok(None);
@@ -298,7 +298,7 @@ async fn join_by_bootstrap(
         return Ok(None);
     }
     let name = node::status::node_name(cfg.node_name.as_deref());
-    cluster::bootstrap::bootstrap(bootstrap, kubeconfig, &cfg.cert_dir_in(state_dir), &name)
+    cluster::bootstrap::bootstrap(bootstrap, kubeconfig, &cfg.cert_dir_in(root), &name)
         .await?;
     Ok(Some(Arc::new(
         cluster::Cluster::connect(kubeconfig, &name).await?,
@@ -326,7 +326,7 @@ pub fn spawn_when_ready(
         }
         let cluster = match cluster {
             Some(c) => Some(c),
-            None => match join_by_bootstrap(&cfg, &state_dir).await {
+            None => match join_by_bootstrap(&cfg, &root).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(error = %e, "node agent not started");

@@ -126,7 +126,7 @@ pub struct NodeServer {
 pub async fn start(
     ctx: Arc<AgentContext>,
     cfg: &AgentConfig,
-    state_dir: &std::path::Path,
+    root: &std::path::Path,
 ) -> Result<Option<u16>, NodeServerError> {
     if cfg.server_address.is_empty() {
         return Ok(None);
@@ -144,7 +144,7 @@ pub async fn start(
     if !ctx.node.internal_ip.is_empty() {
         names.push(ctx.node.internal_ip.clone());
     }
-    let pki = cfg.cert_dir_in(state_dir);
+    let pki = cfg.cert_dir_in(root);
     let files = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(c), Some(k)) => Some((c.clone(), k.clone())),
         _ => None,
