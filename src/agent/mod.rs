@@ -298,8 +298,7 @@ async fn join_by_bootstrap(
         return Ok(None);
     }
     let name = node::status::node_name(cfg.node_name.as_deref());
-    cluster::bootstrap::bootstrap(bootstrap, kubeconfig, &cfg.cert_dir_in(root), &name)
-        .await?;
+    cluster::bootstrap::bootstrap(bootstrap, kubeconfig, &cfg.cert_dir_in(root), &name).await?;
     Ok(Some(Arc::new(
         cluster::Cluster::connect(kubeconfig, &name).await?,
     )))

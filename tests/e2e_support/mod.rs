@@ -48,11 +48,13 @@ pub const PARALLEL: SpecSet = SpecSet {
 /// The serial `[Conformance]` specs whose pods run on the node, one at a time, each with the
 /// node to itself: pods of a deleted namespace removed, NoExecute taints evicting pods, daemon
 /// sets, the scheduler's node selectors, resource limits and host ports, preemption, the
-/// configMap volume race, and the downward API's ephemeral-storage limits. Skipped: the daemon
-/// set's rollback, which asserts a cluster of at least two nodes.
+/// configMap volume race, and the downward API's ephemeral-storage limits. Skipped: the specs
+/// that need a cluster of at least two nodes and fail on one whatever its runtime (the daemon
+/// set's rollback asserts two nodes; basic and critical-pod preemption make one victim pod
+/// per node and need two).
 pub const SERIAL: SpecSet = SpecSet {
     focus: r"Namespaces \[Serial\] should ensure that all pods are removed|NoExecuteTaintManager .*\[Conformance\]|Daemon set \[Serial\] .*\[Conformance\]|SchedulerPredicates \[Serial\] .*\[Conformance\]|SchedulerPreemption \[Serial\] .*\[Conformance\]|EmptyDir wrapper volumes should not cause race condition when used for configmaps|Downward API \[Serial\] \[Disruptive\] \[NodeFeature:EphemeralStorage\]",
-    skip: r"\[Flaky\]|\[Feature:[^\]]+\]|Daemon set \[Serial\] should rollback without unnecessary restarts",
+    skip: r"\[Flaky\]|\[Feature:[^\]]+\]|Daemon set \[Serial\] should rollback without unnecessary restarts|SchedulerPreemption \[Serial\] validates (basic preemption works|lower priority pod preemption by critical pod)",
     ginkgo_nodes: 1,
     at_least: 15,
     focus_env: "BERTH_E2E_SERIAL_FOCUS",
