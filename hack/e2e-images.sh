@@ -6,7 +6,10 @@
 #                                     upstream image (specs run /bin/sysctl, /bin/ip, ...)
 #   e2e-test-images/agnhost:2.21      agnhost built from the same source tree, on busybox, with
 #                                     the host's curl and netcat-openbsd (the upstream image's
-#                                     tools the networking specs run in it)
+#                                     tools the networking specs run in it); its busybox is
+#                                     Debian's dynamic one, whose shell runs commands from PATH as
+#                                     the upstream image's does (busybox-static's runs its own
+#                                     applets first: `sh -c "nc ..."` would get busybox's nc)
 #   e2e/nonroot:1.0                   busybox run as user 1234
 #   e2e/nonewprivs:1.0                a setuid-root program printing its effective uid
 #   library/nginx:1.14-alpine         busybox httpd serving /usr/share/nginx/html on port 80
@@ -25,10 +28,12 @@ pushed() { "${SKOPEO[@]}" inspect --tls-verify=false "docker://$REG/$1" >/dev/nu
 
 mkdir -p "$W/busybox/bin"
 ln -s "$(command -v busybox)" "$W/busybox/bin/busybox"
+# Debian's dynamic busybox, for agnhost (its package conflicts with busybox-static: unpacked).
+(cd "$W" && apt-get download -qq busybox && dpkg -x busybox_*.deb "$W/busybox-dynamic")
 # nonewprivs' program: reports the effective uid it runs with (setuid root in the image).
 printf '#include <stdio.h>\n#include <unistd.h>\nint main(void) { printf("Effective uid: %%d\\n", (int)geteuid()); return 0; }\n' >"$W/nnp.c"
 cc -static -O2 -o "$W/nnp" "$W/nnp.c"
-python3 - "$here" "$W/busybox" "$W/oci" "$AGNHOST" "$W/nnp" <<'PY'
+python3 - "$here" "$W/busybox" "$W/oci" "$AGNHOST" "$W/nnp" "$W/busybox-dynamic/bin/busybox" <<'PY'
 import subprocess
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -50,7 +55,8 @@ with open(sys.argv[4], "rb") as f:
 t.symlink("agnhost-2", "agnhost")
 t.dir("uploads")
 ib.add_host_binaries(t, [("/usr/bin/curl", "usr/local/bin/curl"),
-                         ("/bin/nc.openbsd", "usr/local/bin/nc")])
+                         ("/bin/nc.openbsd", "usr/local/bin/nc"),
+                         (sys.argv[6], "bin/busybox")])
 agnhost = layout.layer(t.finish(), "gzip", "agnhost")
 layout.tag(layout.image([base, agnhost], {"Env": [ib.PATH_ENV], "Entrypoint": ["/agnhost"],
                                           "Cmd": ["pause"]}), "agnhost")
