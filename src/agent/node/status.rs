@@ -701,8 +701,8 @@ fn is_extended_resource(name: &str) -> bool {
     let Some((domain, _)) = name.split_once('/') else {
         return false;
     };
-    !(domain == "kubernetes.io" || domain.ends_with(".kubernetes.io"))
-        && !name.starts_with("requests.")
+    let native = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
+    !native && !name.starts_with("requests.")
 }
 
 /// Keeps the extended resources others put in the API's Node capacity (a device plugin's, an
