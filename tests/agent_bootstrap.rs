@@ -165,6 +165,13 @@ async fn a_node_joins_with_a_bootstrap_token_after_a_denied_request_and_renews_i
     let path = kubeconfig.expect("kubeconfig path");
     let text = std::fs::read_to_string(&path).expect("the kubeconfig is written");
     assert!(text.contains("berth-client-current/tls.crt"), "{text}");
+    // The certificate lives under the root dir, which a reboot keeps (not the state dir's tmpfs).
+    let pki = n.agent.daemon.root().join("agent/pki");
+    assert!(
+        text.contains(&format!("{}/berth-client-current/tls.crt", pki.display())),
+        "the client certificate is not under {}: {text}",
+        pki.display()
+    );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
     assert_eq!(mode & 0o077, 0, "kubeconfig mode {mode:o}");
