@@ -35,7 +35,9 @@ async fn serial_specs_pass_with_the_agent_as_the_node() {
 /// Runs `set` against a fresh agent node, keeping its output as `name`; fails on any spec the
 /// agent fails but those of `AGENT_MAY_FAIL`.
 fn run_set(set: &SpecSet, name: &str) {
-    let mut n = AgentNode::start_schedulable("");
+    // Volumes of configMaps and secrets are refreshed as often as the stock kubelet's sync in
+    // tests/kubelet_e2e.rs (syncFrequency 3 s), so the two nodes' spec times compare.
+    let mut n = AgentNode::start_schedulable("volume_refresh_secs = 3.0\n");
     n.cp.start_scheduler();
     let work = TempDir::new("agent-e2e");
     let repo_list = work.path().join("repo-list.yaml");
