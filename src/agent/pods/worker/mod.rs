@@ -281,6 +281,10 @@ impl PodWorker {
                 let message = "Pod was active on the node longer than the specified deadline";
                 tracing::info!(pod = %pod, "active deadline exceeded");
                 self.event(None, EventType::Normal, "DeadlineExceeded", message.into());
+                // Failed at once, as the kubelet reports it, while the containers get their
+                // grace period.
+                self.ended = Some(("DeadlineExceeded".into(), message.into()));
+                self.publish();
                 self.end("DeadlineExceeded", message, None).await;
             }
             if self.ended.is_some() {
