@@ -163,7 +163,10 @@ async fn follow_one<K>(
         let params = WatchParams::default().fields(&selector).timeout(290);
         loop {
             let api = Api::<K>::namespaced(cluster.client(), ns);
-            match watch_one(&api, &params, &mut rv, tx, keys_of).await {
+            let publish = |o: Option<K>| {
+                tx.send_replace(Some(o.map(keys_of)));
+            };
+            match watch_one(&api, &params, &mut rv, publish).await {
                 Ok(true) => break,
                 Ok(false) => failures = 0,
                 Err(e) if status_code(&e) == Some(403) && failures + 1 >= FORBIDDEN_TRIES => {
@@ -180,13 +183,13 @@ async fn follow_one<K>(
     }
 }
 
-/// One watch request: publishes each change; Ok(true) when the version is gone.
-async fn watch_one<K>(
+/// One watch request from `rv` of the objects `params` select: hands each version to
+/// `publish` (None: deleted); Ok(true) when the version is gone (list again).
+pub async fn watch_one<K>(
     api: &Api<K>,
     params: &WatchParams,
     rv: &mut String,
-    tx: &watch::Sender<Option<Keys>>,
-    keys_of: fn(K) -> BTreeMap<String, Vec<u8>>,
+    mut publish: impl FnMut(Option<K>),
 ) -> Result<bool, kube::Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -203,13 +206,13 @@ where
                 if let Some(v) = o.meta().resource_version.clone() {
                     *rv = v;
                 }
-                tx.send_replace(Some(Some(keys_of(o))));
+                publish(Some(o));
             }
             Ok(WatchEvent::Deleted(o)) => {
                 if let Some(v) = o.meta().resource_version.clone() {
                     *rv = v;
                 }
-                tx.send_replace(Some(None));
+                publish(None);
             }
             Ok(WatchEvent::Bookmark(b)) => *rv = b.metadata.resource_version,
             Ok(WatchEvent::Error(e)) if e.code == 410 => return Ok(true),

@@ -24,6 +24,7 @@ use crate::agent::eviction;
 use crate::agent::eviction::policy as eviction_policy;
 use crate::agent::eviction::signals as eviction_signals;
 use crate::agent::pods::status;
+use crate::agent::runtime::resources::is_extended_resource;
 
 /// Who this node is.
 #[derive(Debug, Clone)]
@@ -694,16 +695,6 @@ impl NodeStatus {
 
 /// Tries sent of one node status update (the kubelet's nodeStatusUpdateRetry).
 const STATUS_TRIES: u32 = 5;
-
-/// Whether `name` is an extended resource: one outside the `kubernetes.io` domain, with a
-/// domain (`example.com/dongle`), not a quota's `requests.` name.
-fn is_extended_resource(name: &str) -> bool {
-    let Some((domain, _)) = name.split_once('/') else {
-        return false;
-    };
-    let native = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
-    !native && !name.starts_with("requests.")
-}
 
 /// Keeps the extended resources others put in the API's Node capacity (a device plugin's, an
 /// admin's): in the status sent, as capacity and as allocatable (the kubelet makes all of a

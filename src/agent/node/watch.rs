@@ -5,12 +5,11 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, WatchParams};
 
 use super::status::NodeStatus;
-use crate::agent::cluster::{self, Cluster};
+use crate::agent::cluster::{self, Cluster, objects};
 
 /// Seconds one watch request lasts before it is made again.
 const WATCH_SECS: u32 = 290;
@@ -36,7 +35,8 @@ pub async fn run(cluster: Arc<Cluster>, status: Arc<NodeStatus>) {
         loop {
             let params = WatchParams::default().fields(&selector).timeout(WATCH_SECS);
             let api: Api<Node> = Api::all(cluster.client());
-            match watch_once(&api, &params, &mut rv, &status).await {
+            let publish = |n: Option<Node>| status.set_api_node(n);
+            match objects::watch_one(&api, &params, &mut rv, publish).await {
                 Ok(true) => break,
                 Ok(false) => failures = 0,
                 Err(e) => {
@@ -47,47 +47,4 @@ pub async fn run(cluster: Arc<Cluster>, status: Arc<NodeStatus>) {
             }
         }
     }
-}
-
-/// One watch request: hands each change to `status`; Ok(true) when the version is gone (list
-/// again).
-async fn watch_once(
-    api: &Api<Node>,
-    params: &WatchParams,
-    rv: &mut String,
-    status: &NodeStatus,
-) -> Result<bool, kube::Error> {
-    let stream = match api.watch(params, rv).await {
-        Ok(s) => s,
-        Err(e) if cluster::status_code(&e) == Some(410) => return Ok(true),
-        Err(e) => return Err(e),
-    };
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(WatchEvent::Added(n) | WatchEvent::Modified(n)) => {
-                if let Some(v) = &n.metadata.resource_version {
-                    rv.clone_from(v);
-                }
-                status.set_api_node(Some(n));
-            }
-            Ok(WatchEvent::Deleted(n)) => {
-                if let Some(v) = &n.metadata.resource_version {
-                    rv.clone_from(v);
-                }
-                status.set_api_node(None);
-            }
-            Ok(WatchEvent::Bookmark(b)) => *rv = b.metadata.resource_version,
-            Ok(WatchEvent::Error(e)) if e.code == 410 => return Ok(true),
-            Ok(WatchEvent::Error(e)) => {
-                tracing::debug!(code = e.code, message = %e.message, "the node watch ended with an error");
-                return Ok(false);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "the node watch broke off");
-                return Ok(false);
-            }
-        }
-    }
-    Ok(false)
 }

@@ -13,7 +13,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint};
 
-use crate::agent::runtime::resources::parse_quantity;
+use crate::agent::runtime::resources::{is_extended_resource, parse_quantity};
 
 /// What admission knows of the node.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +51,7 @@ pub fn admit(pod: &Pod, others: &[&Pod], node: &NodeView) -> Result<(), Refusal>
     let extended = node
         .allocatable
         .keys()
-        .filter(|k| k.contains('/'))
+        .filter(|k| is_extended_resource(k))
         .map(|k| (k.as_str(), 1.0));
     let resources = [("cpu", 1000.0), ("memory", 1.0), ("ephemeral-storage", 1.0)];
     for (resource, unit) in resources.into_iter().chain(extended) {

@@ -316,6 +316,16 @@ pub fn linux_resources(
     r
 }
 
+/// Whether `name` is an extended resource: one outside the `kubernetes.io` domain, with a
+/// domain (`example.com/dongle`), not a quota's `requests.` name.
+pub fn is_extended_resource(name: &str) -> bool {
+    let Some((domain, _)) = name.split_once('/') else {
+        return false;
+    };
+    let native = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
+    !native && !name.starts_with("requests.")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
