@@ -826,16 +826,32 @@ async fn kubelet_reference_the_api_server_sees_the_agent_as_it_sees_the_stock_ku
             "jsonpath={range .items[*]}{.source.component}|{.reason}|{.message}{\"\\n\"}{end}",
         ])
     );
-    n.cp.kubectl_ok(&[
-        "-n",
-        &n.ns,
-        "delete",
-        "pod",
-        "ref",
-        "ours",
-        "--wait=true",
-        "--timeout=60s",
-    ]);
+    // Both pods go; the stock kubelet 1.20 syncs a deletion on its own slower loop, so
+    // its pod gets a longer wait than the agent's.
+    n.cp.kubectl_ok(&["-n", &n.ns, "delete", "pod", "ref", "ours", "--wait=false"]);
+    for (pod, secs) in [("ours", 60), ("ref", 180)] {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let (ok, out, _) = n.cp.kubectl(&[
+                "-n",
+                &n.ns,
+                "get",
+                "pod",
+                pod,
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ]);
+            if ok && out.trim().is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {pod} still there after {secs} s"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
 }
 
 #[tokio::test]

@@ -443,6 +443,39 @@ async fn disk_full_mid_pull_fails_cleanly() {
     pull(&c, &image("busybox"))
         .await
         .expect("small pull after the failure");
+    // A disk full to the last block fails even the metadata writes; once space is back,
+    // berthd works again without a restart.
+    let filler = root.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&block[..512]).is_ok() {}
+    }
+    let e = pull(&c, &image("layers"))
+        .await
+        .expect_err("pull on a full disk");
+    assert!(matches!(e.code(), Code::Internal | Code::DataLoss), "{e:?}");
+    let rm = c
+        .images()
+        .remove_image(cri::RemoveImageRequest {
+            image: spec(&image("busybox")),
+        })
+        .await;
+    std::fs::remove_file(&filler).expect("free space");
+    if rm.is_err() {
+        c.images()
+            .remove_image(cri::RemoveImageRequest {
+                image: spec(&image("busybox")),
+            })
+            .await
+            .expect("remove once space is back");
+    }
+    pull(&c, &image("layers"))
+        .await
+        .expect("pull once space is back");
+    assert_eq!(list(&c).await.len(), 1, "the new image alone");
 }
 
 /// Kills and reaps a daemon even when the test fails.

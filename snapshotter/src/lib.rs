@@ -11,6 +11,7 @@
 //! with [`Snapshotter::commit_with_parent`]. A container's root filesystem is then an Active
 //! snapshot prepared on the top layer.
 
+mod db;
 mod error;
 mod mount;
 mod snapshotter;
@@ -19,6 +20,7 @@ mod usage;
 #[cfg(test)]
 mod tests;
 
+pub use db::MetadataDb;
 pub use error::{Error, Result};
 pub use mount::{Mount, unmount};
 pub use snapshotter::{Info, Kind, Snapshotter};

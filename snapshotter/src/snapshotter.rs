@@ -37,9 +37,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redb::{
-    Database, MultimapTableDefinition, ReadableDatabase, ReadableMultimapTable, ReadableTable,
-    TableDefinition, WriteTransaction,
+    MultimapTableDefinition, ReadableMultimapTable, ReadableTable, TableDefinition,
+    WriteTransaction,
 };
+
+use crate::db::MetadataDb;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DbContext, Error, IoContext, Result};
@@ -212,7 +214,7 @@ pub struct Snapshotter {
     /// Whether overlay paths must always be relative (the root has characters that overlay
     /// option parsing treats specially).
     always_relative: bool,
-    db: Database,
+    db: MetadataDb,
 }
 
 impl std::fmt::Debug for Snapshotter {
@@ -246,7 +248,7 @@ impl Snapshotter {
             .create(&snapshots)
             .io(|| "create snapshots directory".to_string(), &snapshots)?;
         let db_path = root.join(DB_FILE);
-        let db = Database::create(&db_path).db(|| format!("open {}", db_path.display()))?;
+        let db = MetadataDb::open(&db_path).db(|| format!("open {}", db_path.display()))?;
         let this = Snapshotter {
             root,
             snapshots,

@@ -725,3 +725,43 @@ fn concurrent_prepares_get_distinct_ids() {
     let dirs = snapshot_dirs(&s);
     assert_eq!(dirs, ids.iter().map(|i| i.to_string()).collect());
 }
+
+#[test]
+fn a_full_disk_fails_writes_and_they_work_again_once_space_is_back() {
+    if !is_root() {
+        return;
+    }
+    let tmp = TempDir::new("full");
+    let fs = tmp.subdir("fs");
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .expect("mount");
+    assert!(st.success());
+    let _fs = Mounted(fs.clone());
+    let s = Snapshotter::open(&fs.join("snap")).expect("open");
+    s.prepare("before", None, none())
+        .expect("prepare with room");
+    // Fill the file system to the last block.
+    let filler = fs.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&block[..512]).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let mut failed = 0;
+    for i in 0..50 {
+        if s.prepare(&format!("full-{i}"), None, none()).is_err() {
+            failed += 1;
+        }
+    }
+    assert!(failed > 0, "some write failed on the full disk");
+    std::fs::remove_file(&filler).expect("free space");
+    s.prepare("after", None, none())
+        .expect("prepare once space is back");
+    s.remove("before").expect("remove once space is back");
+}

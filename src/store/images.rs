@@ -1,6 +1,6 @@
 //! Image records and their names in the metadata store.
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreError};

@@ -16,6 +16,8 @@ mod table;
 use std::path::Path;
 use std::sync::Arc;
 
+use berth_snapshotter::MetadataDb;
+
 pub use images::ImageRecord;
 pub use table::RecordTable;
 
@@ -55,22 +57,24 @@ macro_rules! db_err_from {
     )*};
 }
 db_err_from!(
+    redb::Error,
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
     redb::CommitError
 );
 
-/// Handle on the metadata database; cheap to clone.
+/// Handle on the metadata database; cheap to clone. It opens the file again by itself after
+/// a failed write (a full disk): a moment without space does not leave the store unusable.
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<redb::Database>,
+    db: Arc<MetadataDb>,
 }
 
 impl Store {
     /// Opens (or creates) the database at `path` and makes sure every table exists.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = redb::Database::create(path).map_err(|error| StoreError::Open {
+        let db = MetadataDb::open(path).map_err(|error| StoreError::Open {
             path: path.display().to_string(),
             error,
         })?;

@@ -1,6 +1,6 @@
 //! Typed access to tables of JSON records keyed by id (sandboxes, and containers next).
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
