@@ -37,6 +37,7 @@ async fn containers_of_a_pod_share_its_pid_namespace_and_its_init_reaps_orphans(
     // With a pod cgroup, as the kubelet always sends (on cgroup v1 the init must be able to
     // join a fresh cpuset cgroup).
     let parent = format!("/berth-it-sharing-{}", std::process::id());
+    let _cgroups = CgroupRoot::made_by_the_test(parent.trim_start_matches('/').to_string());
     if let Some(l) = pod_cfg.linux.as_mut() {
         l.cgroup_parent = parent.clone();
     }
@@ -45,11 +46,14 @@ async fn containers_of_a_pod_share_its_pid_namespace_and_its_init_reaps_orphans(
     assert_eq!(inits.len(), 1, "one pod init for the pod");
     let init = inits[0];
     let cgroups = std::fs::read_to_string(format!("/proc/{init}/cgroup")).expect("cgroup");
+    // In a leaf of its own below the pod cgroup: cgroup v2 allows no process beside the
+    // containers' cgroups.
+    let leaf = format!("{parent}/berth-pod-init");
     assert!(
         cgroups
             .lines()
-            .all(|l| l.ends_with(&parent) || !l.contains(":cpu")),
-        "the pod init is in the pod cgroup: {cgroups}"
+            .all(|l| l.ends_with(&leaf) || !l.contains(":cpu")),
+        "the pod init is in its leaf of the pod cgroup: {cgroups}"
     );
 
     let pod_mode = cri::NamespaceMode::Pod;
@@ -168,6 +172,11 @@ async fn containers_of_a_pod_share_its_pid_namespace_and_its_init_reaps_orphans(
         state.is_empty() || state.starts_with('Z'),
         "pod init still runs: {state}"
     );
+    // The pod cgroup and the init's leaf went with the pod.
+    for h in hierarchies() {
+        let dir = h.join(parent.trim_start_matches('/'));
+        assert!(!dir.exists(), "{} left after the pod", dir.display());
+    }
     let _ = (a, b, t);
 }
 

@@ -202,8 +202,12 @@ pub fn ensure(layout: &Layout, cgroup_path: &str) -> std::io::Result<Vec<PathBuf
 }
 
 /// A new cgroup v1 cpuset directory starts with empty `cpuset.cpus` and `cpuset.mems`, and
-/// the kernel refuses any process into it (ENOSPC) until they are set: copy the parent's.
+/// the kernel refuses any process into it (ENOSPC) until they are set: copy the parent's. A
+/// cgroup v2 directory (it has `cgroup.controllers`) takes its parent's when its own are empty.
 fn inherit_cpuset(dir: &Path) {
+    if dir.join("cgroup.controllers").exists() {
+        return;
+    }
     for file in ["cpuset.cpus", "cpuset.mems"] {
         let own = dir.join(file);
         let Ok(current) = std::fs::read_to_string(&own) else {

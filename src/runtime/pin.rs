@@ -38,7 +38,7 @@ pub struct PinRequest {
     pub pid: Option<PathBuf>,
     /// File to pin the pod's own user namespace on, and its id mappings (None: the host's).
     pub user: Option<(PathBuf, PodIds)>,
-    /// cgroup directories the pod init joins (the pod's cgroup, one per hierarchy).
+    /// cgroup directories the pod init joins (its leaf below the pod cgroup, one per hierarchy).
     pub cgroups: Vec<PathBuf>,
     /// Hostname to set in the new UTS namespace.
     pub hostname: Option<String>,

@@ -49,6 +49,12 @@ fn internal(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> S
     move |e| SandboxError::Internal(format!("{context}: {e}"))
 }
 
+/// The leaf cgroup a shared-PID pod's init lives in, below the pod cgroup: cgroup v2 allows no
+/// process in a cgroup whose children (the containers) hold controllers.
+fn pod_init_cgroup(pod_cgroup: &str) -> String {
+    format!("{}/berth-pod-init", pod_cgroup.trim_end_matches('/'))
+}
+
 /// Life-cycle state of a sandbox.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub enum SandboxState {
@@ -538,7 +544,7 @@ impl SandboxManager {
         Ok(())
     }
 
-    /// The pod cgroup (before the pod init, which starts inside it; the record saved next
+    /// The pod cgroup and its pod init's leaf (before the pod init, which starts inside it; the record saved next
     /// names what was made), under the manager's lock: a pod being removed meanwhile either
     /// finds the ancestors this pod shares still empty and removes them before they are made
     /// again, or finds this pod's cgroup below them and hands them over to it
@@ -549,6 +555,16 @@ impl SandboxManager {
         }
         rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
             .map_err(internal("creating the pod cgroup"))?;
+        if rec.pid_ns.is_some() {
+            match cgroups::ensure(&self.layout, &pod_init_cgroup(&rec.cgroup_parent)) {
+                Ok(made) => rec.created_cgroups.extend(made),
+                Err(e) => {
+                    cgroups::remove(&rec.created_cgroups);
+                    rec.created_cgroups.clear();
+                    return Err(internal("creating the pod init's cgroup")(e));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -632,7 +648,7 @@ impl SandboxManager {
             cgroups: if rec.cgroup_parent.is_empty() {
                 Vec::new()
             } else {
-                self.layout.dirs(&rec.cgroup_parent)
+                self.layout.dirs(&pod_init_cgroup(&rec.cgroup_parent))
             },
             hostname: rec.uts_ns.as_ref().map(|_| hostname.clone()),
             sysctls,
