@@ -3,6 +3,8 @@
 set -euo pipefail
 pkgs=(gcc libc6-dev protobuf-compiler netcat-openbsd iproute2 util-linux libseccomp-dev docker-registry skopeo apache2-utils jq zstd curl bc busybox-static containernetworking-plugins iptables openssl dbus-daemon python3-dbus python3-gi debootstrap)
 pkgs+=(prometheus)
+# The node VM tier (tests/node_vm.rs, hack/node-vm.sh).
+pkgs+=(qemu-system-x86 qemu-utils e2fsprogs)
 [ "${1:-}" = "--bench" ] && pkgs+=(containerd runc)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -20,10 +22,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   rc=0
   lean=() full=()
   for p in "${missing[@]}"; do
-    case $p in prometheus) lean+=("$p") ;; *) full+=("$p") ;; esac
+    case $p in prometheus | qemu-system-x86) lean+=("$p") ;; *) full+=("$p") ;; esac
   done
   [ ${#full[@]} = 0 ] || apt-get install -y -qq "${full[@]}" >/dev/null || rc=$?
-  # Prometheus (which the metrics tests scrape with) without its recommended exporters.
+  # Prometheus (which the metrics tests scrape with) without its recommended exporters, qemu
+  # without its recommended extras.
   [ $rc != 0 ] || [ ${#lean[@]} = 0 ] ||
     apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null || rc=$?
   [ $had_policy = 1 ] || rm -f $policy

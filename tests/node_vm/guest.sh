@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Runs in the node VM (hack/node-vm.sh) at each boot, from the share tests/node_vm.rs made.
+# Boot 1: installs Berth's package, runs a static pod through the agent of the berthd systemd
+# started, checks it on the pure cgroup v2 hierarchy, restarts berthd under it, asks for a
+# reboot. Boot 2: berthd is back at boot, the old container is reported ended and the agent
+# runs the pod again. Prints "ok: ..." per check; the first failure ends the run.
+set -euo pipefail
+cd /mnt/share
+# REGISTRY: the host's test registry as the guest reaches it (10.0.2.2:PORT).
+. ./env
+phase=$(cat phase 2>/dev/null || echo 1)
+echo "== boot $phase: $(uname -r), $(stat -fc %T /sys/fs/cgroup) at /sys/fs/cgroup"
+
+fail() {
+  echo "FAIL: $*"
+  systemctl status berthd --no-pager || true
+  echo "-- berthd's journal (this boot) --"
+  journalctl -b -u berthd --no-pager | tail -60 || true
+  exit 1
+}
+ok() { echo "ok: $* (${SECONDS}s)"; }
+# berthctl, with a bound on each call: a hang shows as a failure with berthd's journal.
+bctl() { timeout 30 berthctl --timeout 20 "$@"; }
+restart_berthd() { timeout 120 systemctl restart berthd; }
+# wait_for SECS CMD...: CMD succeeds within SECS seconds.
+wait_for() {
+  local secs=$1
+  shift
+  local end=$((SECONDS + secs))
+  until "$@"; do
+    [ "$SECONDS" -lt "$end" ] || return 1
+    sleep 0.5
+  done
+}
+# The id of the running container named $1, if any.
+running_id() {
+  bctl -o json ps 2>/dev/null |
+    jq -r --arg n "$1" '.containers[]? | select(.metadata.name == $n) | .id' | head -n1
+}
+has_running() { [ -n "$(running_id "$1")" ]; }
+in_container() { bctl exec "$(running_id main)" "$@"; }
+berthd_up() { systemctl is-active -q berthd && bctl version >/dev/null 2>&1; }
+
+# The pod's checks, on either boot.
+check_pod() {
+  wait_for 120 has_running main || fail "container main of the static pod is not running"
+  local id
+  id=$(running_id main)
+  ok "static pod running (container $id)"
+  local v
+  v=$(in_container cat /sys/fs/cgroup/memory.max) || fail "reading memory.max in the container"
+  [ "$v" = 67108864 ] || fail "memory.max in the container is $v, want 67108864"
+  ok "memory.max 67108864"
+  v=$(in_container cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in the container"
+  [ "$v" = "20000 100000" ] || fail "cpu.max in the container is '$v', want '20000 100000'"
+  ok "cpu.max 20000 100000"
+  v=$(in_container cat /proc/self/cgroup) || fail "reading /proc/self/cgroup"
+  [ "$v" = "0::/" ] || fail "the container sees cgroup '$v': no cgroup namespace of its own"
+  ok "private cgroup namespace (0::/)"
+  v=$(in_container head -c 15 /proc/1/cmdline | tr -d '\0') || fail "reading /proc/1/cmdline"
+  [ "$v" = berth-pod-init ] || fail "pid 1 of the shared PID namespace is '$v'"
+  ok "pid 1 is the pod's init"
+  # On the host, the init sits in a leaf of its own below the pod cgroup, beside the container.
+  local init_cg
+  init_cg=$(cat "/proc/$(pgrep -f '^berth-pod-init' | head -n1)/cgroup")
+  case $init_cg in
+    0::/kubepods*/berth-pod-init) ok "pod init in its leaf cgroup ($init_cg)" ;;
+    *) fail "pod init's cgroup is $init_cg" ;;
+  esac
+  echo "$id" >"id$phase"
+}
+
+if [ "$phase" = 1 ]; then
+  rm -f id1 id2
+  export DEBIAN_FRONTEND=noninteractive
+  dpkg -i berth.deb || fail "installing berth.deb"
+  ok "package installed"
+  wait_for 60 berthd_up || fail "berthd not active after the install"
+  ok "berthd started by systemd"
+  printf '[registry]\ninsecure_registries = ["%s"]\n' "$REGISTRY" >/etc/berth/config.d/vm.toml
+  restart_berthd || fail "systemctl restart berthd (new configuration)"
+  wait_for 60 berthd_up || fail "berthd not active after the restart"
+  cat >/etc/berth/manifests/shared.yaml <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: shared
+  namespace: default
+spec:
+  shareProcessNamespace: true
+  containers:
+  - name: main
+    image: $REGISTRY/busybox:latest
+    command: ["sleep", "3600"]
+    resources:
+      limits:
+        memory: 64Mi
+        cpu: 200m
+EOF
+  check_pod
+  sleep_pid=$(pgrep -x sleep | head -n1)
+  restart_berthd || fail "systemctl restart berthd under the running pod"
+  wait_for 60 berthd_up || fail "berthd not active after systemctl restart"
+  sleep 2
+  [ "$(running_id main)" = "$(cat id1)" ] || fail "the container changed across systemctl restart berthd"
+  [ "$(pgrep -x sleep | head -n1)" = "$sleep_pid" ] || fail "the container's process restarted with berthd"
+  ok "container kept across systemctl restart berthd"
+  echo 2 >phase
+  touch reboot
+  exit 0
+fi
+
+wait_for 120 berthd_up || fail "berthd not active after the reboot"
+ok "berthd started at boot"
+check_pod
+[ "$(cat id2)" != "$(cat id1)" ] || fail "the pre-reboot container is reported running"
+journalctl -b -u berthd --no-pager | grep "container ended while berthd was down" | grep -q "$(cat id1)" ||
+  fail "berthd did not report container $(cat id1) ended across the reboot"
+ok "the pre-reboot container reported ended; the agent runs the pod again"
+echo "== all checks passed"
