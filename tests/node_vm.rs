@@ -2,7 +2,8 @@
 //! pure cgroup v2 hierarchy, Debian's kernel. This build's package is installed there and
 //! berthd, started by systemd, runs a static pod with a shared PID namespace and limits; the pod
 //! outlives `systemctl restart berthd`, and after a reboot of the VM berthd reports the old
-//! container ended and the agent runs the pod again (`tests/node_vm/guest.sh` holds the checks).
+//! container ended and the agent runs the pod again; then the stock kubelet 1.20 runs a static
+//! pod on the same berthd, the agent off (`tests/node_vm/guest.sh` holds the checks).
 
 mod common;
 
@@ -36,6 +37,10 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         share.path().join("guest.sh"),
     )
     .expect("copy guest.sh");
+    let kubelet = std::env::var("BERTH_TEST_KUBELET").unwrap_or_else(|_| {
+        panic!("BERTH_TEST_KUBELET is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
+    });
+    std::fs::copy(&kubelet, share.path().join("kubelet")).expect("copy the kubelet");
     // The guest reaches the host's loopback at 10.0.2.2 (qemu's user network).
     let port = registry()
         .rsplit_once(':')
@@ -65,6 +70,8 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         "ok: pod init in its leaf cgroup",
         "ok: container kept across systemctl restart berthd",
         "ok: the pre-reboot container reported ended",
+        "ok: the stock kubelet 1.20 (cgroupfs driver) runs its static pod",
+        "ok: the kubelet's pod removed",
         "== all checks passed",
     ] {
         assert!(

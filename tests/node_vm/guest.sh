@@ -3,7 +3,8 @@
 # Boot 1: installs Berth's package, runs a static pod through the agent of the berthd systemd
 # started, checks it on the pure cgroup v2 hierarchy, restarts berthd under it, asks for a
 # reboot. Boot 2: berthd is back at boot, the old container is reported ended and the agent
-# runs the pod again. Prints "ok: ..." per check; the first failure ends the run.
+# runs the pod again; then, the agent off, the stock kubelet 1.20 (from the share) runs a static
+# pod on the same berthd. Prints "ok: ..." per check; the first failure ends the run.
 set -euo pipefail
 cd /mnt/share
 # REGISTRY: the host's test registry as the guest reaches it (10.0.2.2:PORT).
@@ -117,4 +118,66 @@ check_pod
 journalctl -b -u berthd --no-pager | grep "container ended while berthd was down" | grep -q "$(cat id1)" ||
   fail "berthd did not report container $(cat id1) ended across the reboot"
 ok "the pre-reboot container reported ended; the agent runs the pod again"
+
+# The stock kubelet 1.20 (cgroupfs driver, static pods) on the same berthd, the agent off.
+rm /etc/berth/manifests/shared.yaml
+no_containers() { [ -z "$(bctl ps -aq)" ]; }
+wait_for 60 no_containers || fail "the agent did not remove its pod"
+mkdir -p /etc/systemd/system/berthd.service.d
+cp /usr/share/doc/berth/examples/no-agent.conf /etc/systemd/system/berthd.service.d/
+systemctl daemon-reload
+restart_berthd || fail "systemctl restart berthd (agent off)"
+wait_for 60 berthd_up || fail "berthd not active with the agent off"
+mkdir -p /etc/kubernetes/manifests /var/lib/kubelet
+cat >/var/lib/kubelet/config.yaml <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: /etc/kubernetes/manifests
+fileCheckFrequency: 1s
+syncFrequency: 3s
+cgroupDriver: cgroupfs
+failSwapOn: false
+readOnlyPort: 0
+makeIPTablesUtilChains: false
+authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+EOF
+cat >/etc/kubernetes/manifests/kube.yaml <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: kube
+  namespace: default
+spec:
+  shareProcessNamespace: true
+  containers:
+  - name: kmain
+    image: $REGISTRY/busybox:latest
+    command: ["sleep", "3600"]
+    resources:
+      limits:
+        memory: 64Mi
+        cpu: 200m
+EOF
+sock=unix:///run/berth/berth.sock
+systemd-run --unit kubelet /mnt/share/kubelet --config=/var/lib/kubelet/config.yaml \
+  --container-runtime=remote --container-runtime-endpoint=$sock --image-service-endpoint=$sock \
+  --runtime-request-timeout=2m --v=2 || fail "starting the kubelet"
+if ! wait_for 180 has_running kmain; then
+  journalctl -b -u kubelet --no-pager | tail -40
+  fail "the kubelet's static pod is not running"
+fi
+kid=$(running_id kmain)
+v=$(bctl exec "$kid" cat /sys/fs/cgroup/memory.max) || fail "reading memory.max in the kubelet's container"
+[ "$v" = 67108864 ] || fail "memory.max in the kubelet's container is $v, want 67108864"
+v=$(bctl exec "$kid" cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in the kubelet's container"
+[ "$v" = "20000 100000" ] || fail "cpu.max in the kubelet's container is '$v'"
+ok "the stock kubelet 1.20 (cgroupfs driver) runs its static pod on Berth with its limits"
+rm /etc/kubernetes/manifests/kube.yaml
+if ! wait_for 90 no_containers; then
+  journalctl -b -u kubelet --no-pager | tail -40
+  fail "the kubelet did not remove its pod"
+fi
+ok "the kubelet's pod removed"
+systemctl stop kubelet
 echo "== all checks passed"
