@@ -1,9 +1,10 @@
 //! Berth on the node most people run, in a Debian 12 VM (hack/node-vm.sh): systemd as PID 1, a
 //! pure cgroup v2 hierarchy, Debian's kernel. This build's package is installed there and
 //! berthd, started by systemd, runs a static pod with a shared PID namespace and limits; the pod
-//! outlives `systemctl restart berthd`, and after a reboot of the VM berthd reports the old
-//! container ended and the agent runs the pod again; then the stock kubelet 1.20 runs a static
-//! pod on the same berthd, the agent off (`tests/node_vm/guest.sh` holds the checks).
+//! outlives `systemctl restart berthd`, a container past its memory limit ends OOMKilled, and
+//! after a reboot of the VM berthd reports the old container ended and the agent runs the pod
+//! again; then the stock kubelet 1.20 runs a static pod on the same berthd, the agent off
+//! (`tests/node_vm/guest.sh` holds the checks).
 
 mod common;
 
@@ -69,6 +70,7 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         "ok: private cgroup namespace",
         "ok: pod init in its leaf cgroup",
         "ok: container kept across systemctl restart berthd",
+        "ok: a container past its memory limit ends OOMKilled",
         "ok: the pre-reboot container reported ended",
         "ok: the stock kubelet 1.20 (cgroupfs driver) runs its static pod",
         "ok: the kubelet's pod removed",

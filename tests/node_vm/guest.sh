@@ -106,6 +106,34 @@ EOF
   [ "$(running_id main)" = "$(cat id1)" ] || fail "the container changed across systemctl restart berthd"
   [ "$(pgrep -x sleep | head -n1)" = "$sleep_pid" ] || fail "the container's process restarted with berthd"
   ok "container kept across systemctl restart berthd"
+  # An allocation past the memory limit ends the container OOMKilled (memory.events on v2).
+  cat >/etc/berth/manifests/oom.yaml <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: oom
+  namespace: default
+spec:
+  restartPolicy: Never
+  containers:
+  - name: hog
+    image: $REGISTRY/busybox:latest
+    command: ["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]
+    resources:
+      limits:
+        memory: 32Mi
+EOF
+  hog_reason() {
+    local id
+    id=$(bctl -o json ps -a | jq -r '.containers[]? | select(.metadata.name == "hog" and .state == 2) | .id' | head -n1)
+    [ -n "$id" ] && bctl inspect "$id" | jq -r .status.reason
+  }
+  hog_ended() { [ -n "$(hog_reason)" ]; }
+  wait_for 120 hog_ended || fail "the memory hog did not end"
+  v=$(hog_reason)
+  [ "$v" = OOMKilled ] || fail "the memory hog ended with reason '$v', want OOMKilled"
+  ok "a container past its memory limit ends OOMKilled"
+  rm /etc/berth/manifests/oom.yaml
   echo 2 >phase
   touch reboot
   exit 0
