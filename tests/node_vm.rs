@@ -67,6 +67,7 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
     );
     let log = std::fs::read_to_string(share.path().join("guest.log")).expect("guest.log");
     for check in [
+        "ok: stats from the v2 files",
         "ok: private cgroup namespace",
         "ok: pod init in its leaf cgroup",
         "ok: container kept across systemctl restart berthd",

@@ -55,6 +55,9 @@ check_pod() {
   v=$(in_container cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in the container"
   [ "$v" = "20000 100000" ] || fail "cpu.max in the container is '$v', want '20000 100000'"
   ok "cpu.max 20000 100000"
+  v=$(bctl -o json stats | jq -r --arg id "$id" '.[] | select(.id == $id) | .memory_working_set_bytes')
+  { [ -n "$v" ] && [ "$v" -gt 0 ]; } || fail "berthctl stats gives the container no working set ('$v')"
+  ok "stats from the v2 files (working set $v bytes)"
   v=$(in_container cat /proc/self/cgroup) || fail "reading /proc/self/cgroup"
   [ "$v" = "0::/" ] || fail "the container sees cgroup '$v': no cgroup namespace of its own"
   ok "private cgroup namespace (0::/)"
