@@ -74,7 +74,8 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         "ok: a container past its memory limit ends OOMKilled",
         "ok: the pre-reboot container reported ended",
         "ok: the stock kubelet 1.20 (cgroupfs driver) runs its static pod",
-        "ok: the kubelet's pod removed",
+        "ok: the kubelet's pod removed, its cgroups too",
+        "ok: the agent's pod removed, its cgroups too",
         "== all checks passed",
     ] {
         assert!(

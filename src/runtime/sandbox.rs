@@ -544,27 +544,22 @@ impl SandboxManager {
         Ok(())
     }
 
-    /// The pod cgroup and its pod init's leaf (before the pod init, which starts inside it; the record saved next
-    /// names what was made), under the manager's lock: a pod being removed meanwhile either
-    /// finds the ancestors this pod shares still empty and removes them before they are made
-    /// again, or finds this pod's cgroup below them and hands them over to it
-    /// (`hand_over_cgroups`).
+    /// The pod cgroup, and below it the leaf of a shared-PID pod's init (before the init, which
+    /// starts inside it; the record saved next names what was made), under the manager's
+    /// lock: a pod being removed meanwhile either finds the ancestors this pod shares still
+    /// empty and removes them before they are made again, or finds this pod's cgroup below
+    /// them and hands them over to it (`hand_over_cgroups`).
     fn make_cgroups(&self, rec: &mut SandboxRecord) -> Result<(), SandboxError> {
         if rec.cgroup_parent.is_empty() {
             return Ok(());
         }
-        rec.created_cgroups = cgroups::ensure(&self.layout, &rec.cgroup_parent)
-            .map_err(internal("creating the pod cgroup"))?;
-        if rec.pid_ns.is_some() {
-            match cgroups::ensure(&self.layout, &pod_init_cgroup(&rec.cgroup_parent)) {
-                Ok(made) => rec.created_cgroups.extend(made),
-                Err(e) => {
-                    cgroups::remove(&rec.created_cgroups);
-                    rec.created_cgroups.clear();
-                    return Err(internal("creating the pod init's cgroup")(e));
-                }
-            }
-        }
+        // `ensure` makes every missing ancestor too (and removes them again on failure).
+        let deepest = match rec.pid_ns {
+            Some(_) => pod_init_cgroup(&rec.cgroup_parent),
+            None => rec.cgroup_parent.clone(),
+        };
+        rec.created_cgroups =
+            cgroups::ensure(&self.layout, &deepest).map_err(internal("creating the pod cgroup"))?;
         Ok(())
     }
 

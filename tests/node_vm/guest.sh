@@ -39,8 +39,43 @@ running_id() {
     jq -r --arg n "$1" '.containers[]? | select(.metadata.name == $n) | .id' | head -n1
 }
 has_running() { [ -n "$(running_id "$1")" ]; }
-in_container() { bctl exec "$(running_id main)" "$@"; }
 berthd_up() { systemctl is-active -q berthd && bctl version >/dev/null 2>&1; }
+
+# A static pod sharing one PID namespace: pod $1, container $2 sleeping under 64Mi and 200m.
+shared_pod() {
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: default
+spec:
+  shareProcessNamespace: true
+  containers:
+  - name: $2
+    image: $REGISTRY/busybox:latest
+    command: ["sleep", "3600"]
+    resources:
+      limits:
+        memory: 64Mi
+        cpu: 200m
+EOF
+}
+# shared_pod's limits in force, as container $1 reads them from its cgroup.
+check_limits() {
+  local v
+  v=$(bctl exec "$1" cat /sys/fs/cgroup/memory.max) || fail "reading memory.max in $1"
+  [ "$v" = 67108864 ] || fail "memory.max in $1 is $v, want 67108864"
+  ok "memory.max 67108864"
+  v=$(bctl exec "$1" cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in $1"
+  [ "$v" = "20000 100000" ] || fail "cpu.max in $1 is '$v', want '20000 100000'"
+  ok "cpu.max 20000 100000"
+}
+# Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf.
+node_empty() {
+  [ -z "$(bctl ps -aq)" ] && [ -z "$(bctl pods -q)" ] &&
+    [ -z "$(find /sys/fs/cgroup/kubepods \( -name 'pod*' -o -name berth-pod-init \) -type d 2>/dev/null)" ]
+}
 
 # The pod's checks, on either boot.
 check_pod() {
@@ -48,20 +83,15 @@ check_pod() {
   local id
   id=$(running_id main)
   ok "static pod running (container $id)"
+  check_limits "$id"
   local v
-  v=$(in_container cat /sys/fs/cgroup/memory.max) || fail "reading memory.max in the container"
-  [ "$v" = 67108864 ] || fail "memory.max in the container is $v, want 67108864"
-  ok "memory.max 67108864"
-  v=$(in_container cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in the container"
-  [ "$v" = "20000 100000" ] || fail "cpu.max in the container is '$v', want '20000 100000'"
-  ok "cpu.max 20000 100000"
   v=$(bctl -o json stats | jq -r --arg id "$id" '.[] | select(.id == $id) | .memory_working_set_bytes')
   { [ -n "$v" ] && [ "$v" -gt 0 ]; } || fail "berthctl stats gives the container no working set ('$v')"
   ok "stats from the v2 files (working set $v bytes)"
-  v=$(in_container cat /proc/self/cgroup) || fail "reading /proc/self/cgroup"
+  v=$(bctl exec "$id" cat /proc/self/cgroup) || fail "reading /proc/self/cgroup"
   [ "$v" = "0::/" ] || fail "the container sees cgroup '$v': no cgroup namespace of its own"
   ok "private cgroup namespace (0::/)"
-  v=$(in_container head -c 15 /proc/1/cmdline | tr -d '\0') || fail "reading /proc/1/cmdline"
+  v=$(bctl exec "$id" head -c 15 /proc/1/cmdline | tr -d '\0') || fail "reading /proc/1/cmdline"
   [ "$v" = berth-pod-init ] || fail "pid 1 of the shared PID namespace is '$v'"
   ok "pid 1 is the pod's init"
   # On the host, the init sits in a leaf of its own below the pod cgroup, beside the container.
@@ -84,23 +114,7 @@ if [ "$phase" = 1 ]; then
   printf '[registry]\ninsecure_registries = ["%s"]\n' "$REGISTRY" >/etc/berth/config.d/vm.toml
   restart_berthd || fail "systemctl restart berthd (new configuration)"
   wait_for 60 berthd_up || fail "berthd not active after the restart"
-  cat >/etc/berth/manifests/shared.yaml <<EOF
-apiVersion: v1
-kind: Pod
-metadata:
-  name: shared
-  namespace: default
-spec:
-  shareProcessNamespace: true
-  containers:
-  - name: main
-    image: $REGISTRY/busybox:latest
-    command: ["sleep", "3600"]
-    resources:
-      limits:
-        memory: 64Mi
-        cpu: 200m
-EOF
+  shared_pod shared main >/etc/berth/manifests/shared.yaml
   check_pod
   sleep_pid=$(pgrep -x sleep | head -n1)
   restart_berthd || fail "systemctl restart berthd under the running pod"
@@ -152,8 +166,8 @@ ok "the pre-reboot container reported ended; the agent runs the pod again"
 
 # The stock kubelet 1.20 (cgroupfs driver, static pods) on the same berthd, the agent off.
 rm /etc/berth/manifests/shared.yaml
-no_containers() { [ -z "$(bctl ps -aq)" ]; }
-wait_for 60 no_containers || fail "the agent did not remove its pod"
+wait_for 60 node_empty || fail "the agent's pod not removed: $(find /sys/fs/cgroup/kubepods -type d)"
+ok "the agent's pod removed, its cgroups too"
 mkdir -p /etc/systemd/system/berthd.service.d
 cp /usr/share/doc/berth/examples/no-agent.conf /etc/systemd/system/berthd.service.d/
 systemctl daemon-reload
@@ -173,23 +187,7 @@ makeIPTablesUtilChains: false
 authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 EOF
-cat >/etc/kubernetes/manifests/kube.yaml <<EOF
-apiVersion: v1
-kind: Pod
-metadata:
-  name: kube
-  namespace: default
-spec:
-  shareProcessNamespace: true
-  containers:
-  - name: kmain
-    image: $REGISTRY/busybox:latest
-    command: ["sleep", "3600"]
-    resources:
-      limits:
-        memory: 64Mi
-        cpu: 200m
-EOF
+shared_pod kube kmain >/etc/kubernetes/manifests/kube.yaml
 sock=unix:///run/berth/berth.sock
 systemd-run --unit kubelet /mnt/share/kubelet --config=/var/lib/kubelet/config.yaml \
   --container-runtime=remote --container-runtime-endpoint=$sock --image-service-endpoint=$sock \
@@ -198,17 +196,13 @@ if ! wait_for 180 has_running kmain; then
   journalctl -b -u kubelet --no-pager | tail -40
   fail "the kubelet's static pod is not running"
 fi
-kid=$(running_id kmain)
-v=$(bctl exec "$kid" cat /sys/fs/cgroup/memory.max) || fail "reading memory.max in the kubelet's container"
-[ "$v" = 67108864 ] || fail "memory.max in the kubelet's container is $v, want 67108864"
-v=$(bctl exec "$kid" cat /sys/fs/cgroup/cpu.max) || fail "reading cpu.max in the kubelet's container"
-[ "$v" = "20000 100000" ] || fail "cpu.max in the kubelet's container is '$v'"
+check_limits "$(running_id kmain)"
 ok "the stock kubelet 1.20 (cgroupfs driver) runs its static pod on Berth with its limits"
 rm /etc/kubernetes/manifests/kube.yaml
-if ! wait_for 90 no_containers; then
+if ! wait_for 120 node_empty; then
   journalctl -b -u kubelet --no-pager | tail -40
-  fail "the kubelet did not remove its pod"
+  fail "the kubelet's pod not removed: $(find /sys/fs/cgroup/kubepods -type d)"
 fi
-ok "the kubelet's pod removed"
+ok "the kubelet's pod removed, its cgroups too"
 systemctl stop kubelet
 echo "== all checks passed"
