@@ -127,7 +127,17 @@ async fn only_max_files_are_kept_and_a_removed_log_is_made_again() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // The live log removed under the running container: it comes back, and the container runs on.
-    std::fs::remove_file(dir.join("0.log")).expect("remove the live log");
+    // A rotation renames the live log before the container's next write reopens it: between
+    // the two there is none to remove, so try again.
+    a.wait(
+        "the live log removed",
+        Duration::from_secs(10),
+        |_| match std::fs::remove_file(dir.join("0.log")) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => panic!("remove the live log: {e}"),
+        },
+    );
     a.wait("the log made again", Duration::from_secs(30), |_| {
         std::fs::metadata(dir.join("0.log")).is_ok_and(|m| m.len() > 0)
     });
