@@ -338,6 +338,50 @@ async fn unknown_ids_are_not_found_and_stop_remove_are_idempotent() {
     remove_pod(&c, &pod).await;
 }
 
+/// StopContainer as the container's process exits on its own (its shim has reaped it, berthd
+/// has not yet recorded the exit) succeeds, and the container reads exited with its own exit
+/// code as soon as the call returns: a node agent stopping a pod at that moment reports the
+/// container terminated, not still running.
+#[tokio::test]
+async fn a_container_stopped_as_it_exits_reports_its_own_exit() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let logs = d.dir.path().join("logs");
+    let mode = cri::NamespaceMode::Container;
+    let pod_cfg = pod_config("stop-exiting", &logs, mode);
+    let pod = run_pod(&c, &pod_cfg).await;
+    for i in 0..30 {
+        let name = format!("exiting-{i}");
+        let id = run_container(
+            &c,
+            &pod,
+            &pod_cfg,
+            sh_container(&name, &busybox, "exit 3", mode),
+        )
+        .await;
+        c.runtime()
+            .stop_container(cri::StopContainerRequest {
+                container_id: id.clone(),
+                timeout: 5,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("stop of {name} as it exits: {e:?}"));
+        let s = container_status(&c, &id).await.expect("ContainerStatus");
+        assert_eq!(
+            (s.state, s.exit_code),
+            (cri::ContainerState::ContainerExited as i32, 3),
+            "{name} right after StopContainer: {s:?}"
+        );
+        c.runtime()
+            .remove_container(cri::RemoveContainerRequest { container_id: id })
+            .await
+            .expect("remove");
+    }
+    remove_pod(&c, &pod).await;
+}
+
 /// ListContainers and ListPodSandbox of both API versions, with and without filters.
 async fn lists(
     c: &berth::client::CriClient,

@@ -641,18 +641,20 @@ impl ContainerManager {
         timeout: i64,
     ) -> Result<(), ContainerError> {
         let shim = ShimClient::new(&rec.socket);
-        let failed = |e| ContainerError::shim(&rec.id, e);
         let wait = |ms: u64| api::request::Request::Wait(api::WaitRequest { timeout_ms: ms });
-        if timeout > 0 {
+        let kill = |signal: i32, all: bool| {
             shim.call(
                 api::request::Request::Kill(api::KillRequest {
-                    signal: libc::SIGTERM as u32,
-                    all: false,
+                    signal: signal as u32,
+                    all,
                 }),
                 SHIM_CALL,
             )
-            .await
-            .map_err(failed)?;
+        };
+        if timeout > 0 {
+            if let Err(e) = kill(libc::SIGTERM, false).await {
+                return self.exited_before_kill(rec, &shim, e).await;
+            }
             let ms = (timeout as u64).saturating_mul(1000);
             if let Ok(api::response::Result::Wait(w)) = shim
                 .call(wait(ms), Duration::from_millis(ms) + SHIM_CALL)
@@ -664,19 +666,13 @@ impl ContainerManager {
                 return Ok(());
             }
         }
-        shim.call(
-            api::request::Request::Kill(api::KillRequest {
-                signal: libc::SIGKILL as u32,
-                all: true,
-            }),
-            SHIM_CALL,
-        )
-        .await
-        .map_err(failed)?;
+        if let Err(e) = kill(libc::SIGKILL, true).await {
+            return self.exited_before_kill(rec, &shim, e).await;
+        }
         match shim
             .call(wait(10_000), Duration::from_secs(15))
             .await
-            .map_err(failed)?
+            .map_err(|e| ContainerError::shim(&rec.id, e))?
         {
             api::response::Result::Wait(w) if w.exited => {
                 self.record_exit(&rec.id, super::container_exit::from_status(w.exit), false)
@@ -687,6 +683,26 @@ impl ContainerManager {
                 "container {}: still running 10 s after SIGKILL",
                 rec.id
             ))),
+        }
+    }
+
+    /// A kill the shim refused: when the container's process had already exited on its own
+    /// (reaped by the shim, its exit not yet recorded here), its exit is recorded now and the
+    /// stop succeeds, so that the container reads exited as soon as StopContainer returns.
+    async fn exited_before_kill(
+        &self,
+        rec: &ContainerRecord,
+        shim: &ShimClient,
+        refused: ShimError,
+    ) -> Result<(), ContainerError> {
+        let now = api::request::Request::Wait(api::WaitRequest { timeout_ms: 1 });
+        match shim.call(now, SHIM_CALL).await {
+            Ok(api::response::Result::Wait(w)) if w.exited => {
+                self.record_exit(&rec.id, super::container_exit::from_status(w.exit), false)
+                    .await;
+                Ok(())
+            }
+            _ => Err(ContainerError::shim(&rec.id, refused)),
         }
     }
 
