@@ -54,6 +54,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     })
     .await
     .context("checking for idmapped mounts")?;
+    tokio::task::spawn_blocking(crate::runtime::apparmor::setup)
+        .await
+        .context("setting up AppArmor")?;
     let net = NetManager::new(NetOptions {
         conf_dir: config.cni.conf_dir.clone(),
         bin_dirs: config.cni.bin_dirs.clone(),

@@ -541,6 +541,83 @@ async fn seccomp_profiles_filter_syscalls() {
     remove_pod(&env.c, &env.pod).await;
 }
 
+/// AppArmor from the CRI's `apparmor` field and its deprecated string, on this host as it is:
+/// with AppArmor enabled the default runs under `berth-default`; without it the default runs
+/// unconfined. Either way a named profile the host cannot enforce is refused, naming it, and
+/// leaves nothing behind; a string of no CRI form is the caller's error. (Enforcement itself
+/// is checked in the node VM, whose kernel has AppArmor: tests/node_vm/guest.sh.)
+#[tokio::test]
+async fn apparmor_profiles_follow_the_host() {
+    use cri::security_profile::ProfileType;
+    let enabled = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.starts_with('Y'));
+    let env = Env::new("apparmor").await;
+    let profile = |t: ProfileType, name: &str| cri::LinuxContainerSecurityContext {
+        apparmor: Some(cri::SecurityProfile {
+            profile_type: t as i32,
+            localhost_ref: name.into(),
+        }),
+        ..sc()
+    };
+    #[allow(deprecated)]
+    let legacy = |s: &str| cri::LinuxContainerSecurityContext {
+        apparmor_profile: s.into(),
+        ..sc()
+    };
+    let script = "cat /proc/self/attr/current 2>/dev/null || echo no-lsm-attr";
+    for (name, ctx) in [
+        ("default", profile(ProfileType::RuntimeDefault, "")),
+        ("legacy-default", legacy("runtime/default")),
+        ("unset", sc()),
+    ] {
+        let (status, out) = env.run_to_exit(env.container(name, script, ctx)).await;
+        assert_eq!(status.exit_code, 0, "{name}: {out}");
+        if enabled {
+            assert_eq!(out.trim(), "berth-default (enforce)", "{name}");
+        } else {
+            assert!(!out.contains("berth-default"), "{name}: {out}");
+        }
+    }
+    let (status, out) = env
+        .run_to_exit(env.container("unconfined", script, profile(ProfileType::Unconfined, "")))
+        .await;
+    assert_eq!(status.exit_code, 0, "{out}");
+    assert!(!out.contains("berth-default"), "{out}");
+
+    let why = if enabled {
+        "is not loaded"
+    } else {
+        "not enabled"
+    };
+    env.assert_refused(
+        env.container(
+            "named",
+            "true",
+            profile(ProfileType::Localhost, "berth-test-no-such-profile"),
+        ),
+        tonic::Code::FailedPrecondition,
+        "\"berth-test-no-such-profile\"",
+    )
+    .await;
+    env.assert_refused(
+        env.container(
+            "named-legacy",
+            "true",
+            legacy("localhost/berth-test-no-such-profile"),
+        ),
+        tonic::Code::FailedPrecondition,
+        why,
+    )
+    .await;
+    env.assert_refused(
+        env.container("bogus", "true", legacy("docker-default")),
+        tonic::Code::InvalidArgument,
+        "apparmor_profile",
+    )
+    .await;
+    remove_pod(&env.c, &env.pod).await;
+}
+
 /// Runs `mount ARGS` on the host, panicking on failure.
 fn host_mount(args: &[&str]) {
     let out = Command::new("mount").args(args).output().expect("mount");

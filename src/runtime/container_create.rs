@@ -289,6 +289,7 @@ impl ContainerCreator {
             .unwrap_or(0);
         let host_caps = spec::host_capabilities();
         let config = &effective_namespaces(config, &paths);
+        let apparmor = super::apparmor::host();
         let input = SpecInput {
             container_id: id,
             sandbox_id: &req.pod_sandbox_id,
@@ -305,6 +306,7 @@ impl ContainerCreator {
             image_volumes: &image_volumes,
             host_capabilities: host_caps.as_ref(),
             hugetlb: super::cgroups::host_has_hugetlb(),
+            apparmor: &apparmor,
         };
         let name = config.metadata.as_ref().map_or("", |m| m.name.as_str());
         let (mut oci, user) = spec::generate(&input).map_err(|e| match e {
@@ -313,6 +315,9 @@ impl ContainerCreator {
             }
             e @ SpecError::SandboxMissing(_) => {
                 CreateError::FailedPrecondition(format!("CreateContainer: {e}"))
+            }
+            e @ SpecError::Unsupported(_) => {
+                CreateError::FailedPrecondition(format!("CreateContainer {name}: {e}"))
             }
             e => internal("generating the OCI spec", &e),
         })?;

@@ -1,5 +1,6 @@
 //! The runtime core: pod sandboxes and containers, their state and events.
 
+pub mod apparmor;
 pub mod cgroup_attach;
 pub mod cgroups;
 pub mod container;

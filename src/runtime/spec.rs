@@ -9,7 +9,7 @@
 //!   mounts of an image, `Mount.image`, are bound read-only from the host directory the
 //!   caller mounted for them: [`SpecInput::image_volumes`].)
 //! - rlimits: none are set; the container inherits the shim's.
-//! - SELinux relabelling and AppArmor are ignored.
+//! - SELinux labels are not applied (`selinux_options` is refused where SELinux is asked for).
 //! - Missing CRI mount host paths are not created here: the caller creates them (as directories)
 //!   before it starts the container, so a failed create leaves nothing behind.
 
@@ -138,6 +138,10 @@ pub enum SpecError {
     /// maps to FailedPrecondition.
     #[error("sandbox has no {0}")]
     SandboxMissing(&'static str),
+    /// The host cannot give what the request asks for (a security profile it does not have):
+    /// maps to FailedPrecondition.
+    #[error("{0}")]
+    Unsupported(String),
     /// Reading the rootfs or a host device failed.
     #[error("reading {path}: {source}")]
     Io {
@@ -223,6 +227,8 @@ pub struct SpecInput<'a> {
     /// Whether the host has the hugetlb cgroup controller (see
     /// [`super::cgroups::hugepage_limits_for_host`]).
     pub hugetlb: bool,
+    /// The host's AppArmor: the profile the container asks for is checked against it.
+    pub apparmor: &'a super::apparmor::Host,
 }
 
 /// Reads the fields Berth uses from an OCI image config blob (`{"config": {...}}`).
@@ -314,10 +320,10 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
         )
         .oom_score_adj(oom_score_adj)
         .build()?;
-    // The builders fill unset fields from oci-spec's `Default` impls (rlimits NOFILE=1024,
-    // no_new_privileges true, hostname "youki", ...): clear those explicitly.
+    let apparmor_profile = input.apparmor.profile_for(&sc)?;
     let mut process = process;
     process.set_rlimits(None);
+    process.set_apparmor_profile(apparmor_profile);
     // Unset rather than `false`: libcontainer loads a seccomp filter before it drops
     // capabilities only when no_new_privileges is absent (without it, loading a filter needs
     // CAP_SYS_ADMIN, which most containers no longer hold at that point).

@@ -98,6 +98,7 @@ struct Fixture {
     image_volumes: HashMap<usize, PathBuf>,
     host_caps: Option<HashSet<Capability>>,
     hugetlb: bool,
+    apparmor: crate::runtime::apparmor::Host,
 }
 
 impl Fixture {
@@ -113,6 +114,7 @@ impl Fixture {
             image_volumes: HashMap::new(),
             host_caps: None,
             hugetlb: true,
+            apparmor: crate::runtime::apparmor::Host::disabled(),
         }
     }
 
@@ -157,6 +159,7 @@ impl Fixture {
             image_volumes: &self.image_volumes,
             host_capabilities: self.host_caps.as_ref(),
             hugetlb: self.hugetlb,
+            apparmor: &self.apparmor,
         })
     }
 
