@@ -147,7 +147,7 @@ pub fn container_config(
                 seccomp: Some(seccomp(
                     sc.seccomp_profile.as_ref().or(psc.seccomp_profile.as_ref()),
                 )),
-                ..Default::default()
+                ..apparmor(pod, c, &sc, &psc)
             }),
         }),
         ..Default::default()
@@ -175,6 +175,61 @@ pub fn seccomp(p: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> cri::S
         _ => cri::SecurityProfile {
             profile_type: ProfileType::Unconfined as i32,
             localhost_ref: String::new(),
+        },
+    }
+}
+
+/// The annotation naming a container's AppArmor profile before the securityContext field.
+const APPARMOR_ANNOTATION: &str = "container.apparmor.security.beta.kubernetes.io/";
+
+/// The container's AppArmor profile as CRI's fields: its securityContext's, else the pod's,
+/// else the annotation's (`runtime/default`, `unconfined`, `localhost/<name>`; any other value
+/// goes to the runtime as written, which refuses it naming it); none leaves the runtime's
+/// default.
+fn apparmor(
+    pod: &Pod,
+    c: &Container,
+    sc: &k8s_openapi::api::core::v1::SecurityContext,
+    psc: &k8s_openapi::api::core::v1::PodSecurityContext,
+) -> cri::LinuxContainerSecurityContext {
+    use cri::security_profile::ProfileType;
+    let structured = |kind: ProfileType, name: &str| cri::LinuxContainerSecurityContext {
+        apparmor: Some(cri::SecurityProfile {
+            profile_type: kind as i32,
+            localhost_ref: name.to_string(),
+        }),
+        ..Default::default()
+    };
+    if let Some(p) = sc
+        .app_armor_profile
+        .as_ref()
+        .or(psc.app_armor_profile.as_ref())
+    {
+        return match p.type_.as_str() {
+            "RuntimeDefault" => structured(ProfileType::RuntimeDefault, ""),
+            "Unconfined" => structured(ProfileType::Unconfined, ""),
+            _ => structured(
+                ProfileType::Localhost,
+                p.localhost_profile.as_deref().unwrap_or_default(),
+            ),
+        };
+    }
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&format!("{APPARMOR_ANNOTATION}{}", c.name)));
+    match annotation.map(String::as_str) {
+        None => cri::LinuxContainerSecurityContext::default(),
+        Some("runtime/default") => structured(ProfileType::RuntimeDefault, ""),
+        Some("unconfined") => structured(ProfileType::Unconfined, ""),
+        Some(v) => match v.strip_prefix("localhost/") {
+            Some(name) => structured(ProfileType::Localhost, name),
+            #[allow(deprecated)]
+            None => cri::LinuxContainerSecurityContext {
+                apparmor_profile: v.to_string(),
+                ..Default::default()
+            },
         },
     }
 }
@@ -338,6 +393,62 @@ pub fn supplemental_groups(psc: &PodSecurityContext) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apparmor_comes_from_the_fields_then_the_annotation() {
+        use cri::security_profile::ProfileType;
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {
+                "container.apparmor.security.beta.kubernetes.io/annotated": "localhost/deny-tmp",
+                "container.apparmor.security.beta.kubernetes.io/bogus": "docker-default",
+                "container.apparmor.security.beta.kubernetes.io/field": "unconfined"
+            }},
+            "spec": {"containers": [
+                {"name": "annotated"}, {"name": "bogus"}, {"name": "plain"},
+                {"name": "field", "securityContext": {"appArmorProfile": {"type": "Localhost", "localhostProfile": "mine"}}}
+            ]}
+        }))
+        .expect("pod");
+        let spec = pod.spec.clone().expect("spec");
+        let of = |name: &str, psc: &PodSecurityContext| {
+            let c = spec.containers.iter().find(|c| c.name == name).expect("c");
+            let sc = c.security_context.clone().unwrap_or_default();
+            let got = apparmor(&pod, c, &sc, psc);
+            #[allow(deprecated)]
+            let legacy = got.apparmor_profile.clone();
+            (
+                got.apparmor.map(|p| (p.profile_type, p.localhost_ref)),
+                legacy,
+            )
+        };
+        let none = PodSecurityContext::default();
+        let localhost = |n: &str| Some((ProfileType::Localhost as i32, n.to_string()));
+        assert_eq!(
+            of("annotated", &none),
+            (localhost("deny-tmp"), String::new())
+        );
+        assert_eq!(of("field", &none), (localhost("mine"), String::new()));
+        assert_eq!(of("plain", &none), (None, String::new()));
+        assert_eq!(of("bogus", &none), (None, "docker-default".to_string()));
+        let pod_level: PodSecurityContext = serde_json::from_value(
+            serde_json::json!({"appArmorProfile": {"type": "RuntimeDefault"}}),
+        )
+        .expect("psc");
+        assert_eq!(
+            of("plain", &pod_level),
+            (
+                Some((ProfileType::RuntimeDefault as i32, String::new())),
+                String::new()
+            ),
+            "the pod's field"
+        );
+        assert_eq!(of("field", &pod_level), (localhost("mine"), String::new()));
+        assert_eq!(
+            of("annotated", &pod_level).0.map(|p| p.0),
+            Some(ProfileType::RuntimeDefault as i32),
+            "the pod's field over the annotation"
+        );
+    }
 
     #[test]
     fn config_carries_labels_env_resources_and_security() {
