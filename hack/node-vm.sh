@@ -16,7 +16,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${BERTH_CACHE:-/var/cache/berth}/node-vm
 mirror=${BERTH_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # Bump when the guest's contents change, so a cached disk is rebuilt.
-version=2
+version=3
 
 need() {
   command -v "$1" >/dev/null || apt-get install -y --no-install-recommends "$2" >&2
@@ -45,7 +45,7 @@ build_image() {
   chroot "$root" /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
     sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends \
       linux-image-amd64 systemd-sysv udev kmod iproute2 containernetworking-plugins \
-      ca-certificates procps jq dbus' >&2
+      ca-certificates procps jq dbus apparmor' >&2
   chroot "$root" apt-get clean >&2
   for m in dev/pts dev sys proc; do umount "$root/$m"; done
   # The 9p share and its modules in the initramfs are not needed: it is mounted after boot.

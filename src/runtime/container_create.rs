@@ -307,6 +307,7 @@ impl ContainerCreator {
             host_capabilities: host_caps.as_ref(),
             hugetlb: super::cgroups::host_has_hugetlb(),
             apparmor: &apparmor,
+            selinux: spec::host_has_selinux(),
         };
         let name = config.metadata.as_ref().map_or("", |m| m.name.as_str());
         let (mut oci, user) = spec::generate(&input).map_err(|e| match e {

@@ -9,7 +9,8 @@
 //!   mounts of an image, `Mount.image`, are bound read-only from the host directory the
 //!   caller mounted for them: [`SpecInput::image_volumes`].)
 //! - rlimits: none are set; the container inherits the shim's.
-//! - SELinux labels are not applied (`selinux_options` is refused where SELinux is asked for).
+//! - SELinux labels are not applied: on a host without SELinux `selinux_options` is ignored
+//!   (as containerd and CRI-O ignore it there); where SELinux is enabled it is refused.
 //! - Missing CRI mount host paths are not created here: the caller creates them (as directories)
 //!   before it starts the container, so a failed create leaves nothing behind.
 
@@ -229,6 +230,8 @@ pub struct SpecInput<'a> {
     pub hugetlb: bool,
     /// The host's AppArmor: the profile the container asks for is checked against it.
     pub apparmor: &'a super::apparmor::Host,
+    /// Whether SELinux is enabled on the host ([`host_has_selinux`]).
+    pub selinux: bool,
 }
 
 /// Reads the fields Berth uses from an OCI image config blob (`{"config": {...}}`).
@@ -321,6 +324,16 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
         .oom_score_adj(oom_score_adj)
         .build()?;
     let apparmor_profile = input.apparmor.profile_for(&sc)?;
+    if let Some(o) = sc.selinux_options.as_ref().filter(|_| input.selinux)
+        && [&o.user, &o.role, &o.r#type, &o.level]
+            .iter()
+            .any(|f| !f.is_empty())
+    {
+        return Err(SpecError::Unsupported(format!(
+            "selinux_options (user {:?}, role {:?}, type {:?}, level {:?}): SELinux is enabled on this host and Berth does not apply SELinux labels",
+            o.user, o.role, o.r#type, o.level
+        )));
+    }
     let mut process = process;
     process.set_rlimits(None);
     process.set_apparmor_profile(apparmor_profile);
@@ -619,6 +632,12 @@ fn ns(typ: LinuxNamespaceType, path: Option<&Path>) -> Result<LinuxNamespace, Sp
         Some(p) => b.path(p).build()?,
         None => b.build()?,
     })
+}
+
+/// Whether SELinux is enabled on the host (its filesystem is mounted).
+pub fn host_has_selinux() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| Path::new("/sys/fs/selinux/enforce").exists())
 }
 
 /// Whether `/sys/fs/cgroup` is itself the cgroup v2 hierarchy (a pure v2 host), as

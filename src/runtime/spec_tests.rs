@@ -99,6 +99,7 @@ struct Fixture {
     host_caps: Option<HashSet<Capability>>,
     hugetlb: bool,
     apparmor: crate::runtime::apparmor::Host,
+    selinux: bool,
 }
 
 impl Fixture {
@@ -115,6 +116,7 @@ impl Fixture {
             host_caps: None,
             hugetlb: true,
             apparmor: crate::runtime::apparmor::Host::disabled(),
+            selinux: false,
         }
     }
 
@@ -160,6 +162,7 @@ impl Fixture {
             host_capabilities: self.host_caps.as_ref(),
             hugetlb: self.hugetlb,
             apparmor: &self.apparmor,
+            selinux: self.selinux,
         })
     }
 
@@ -703,6 +706,44 @@ fn masked_and_readonly_paths() {
     assert!(masked.contains(&"/proc/extra".to_string()));
     let ro = linux(&spec).readonly_paths().clone().unwrap();
     assert!(ro.contains(&"/proc/more".to_string()) && ro.contains(&"/proc/sys".to_string()));
+}
+
+#[test]
+fn selinux_labels_are_ignored_without_selinux_and_refused_with_it() {
+    let mut f = Fixture::new("selinux");
+    f.sc().selinux_options = Some(cri::SeLinuxOption {
+        level: "s0:c0,c1".into(),
+        ..Default::default()
+    });
+    assert!(f.run().is_ok(), "no SELinux on the host: ignored");
+    f.selinux = true;
+    let e = f.run().expect_err("SELinux enabled: refused");
+    assert!(matches!(e, SpecError::Unsupported(_)), "{e:?}");
+    assert!(e.to_string().contains("s0:c0,c1"), "{e}");
+    f.sc().selinux_options = Some(cri::SeLinuxOption::default());
+    assert!(f.run().is_ok(), "empty options ask for nothing");
+}
+
+#[test]
+fn apparmor_profile_reaches_the_process() {
+    let mut f = Fixture::new("apparmor");
+    let list = f.rootfs.join("profiles");
+    std::fs::write(&list, "berth-default (enforce)\nmine (enforce)\n").unwrap();
+    f.apparmor = crate::runtime::apparmor::Host::enabled(&list, true);
+    assert_eq!(
+        process(&f.spec()).apparmor_profile().as_deref(),
+        Some("berth-default")
+    );
+    f.sc().privileged = true;
+    assert_eq!(process(&f.spec()).apparmor_profile().as_deref(), None);
+    f.sc().apparmor = Some(cri::SecurityProfile {
+        profile_type: cri::security_profile::ProfileType::Localhost as i32,
+        localhost_ref: "mine".into(),
+    });
+    assert_eq!(
+        process(&f.spec()).apparmor_profile().as_deref(),
+        Some("mine")
+    );
 }
 
 #[test]

@@ -4,7 +4,8 @@
 # started, checks it on the pure cgroup v2 hierarchy, restarts berthd under it, asks for a
 # reboot. Boot 2: berthd is back at boot, the old container is reported ended and the agent
 # runs the pod again; then, the agent off, the stock kubelet 1.20 (from the share) runs a static
-# pod on the same berthd. Prints "ok: ..." per check; the first failure ends the run.
+# pod on the same berthd. AppArmor: berth-default on every container, a Localhost profile named
+# through the agent's securityContext field and the kubelet's annotation. Prints "ok: ..." per check; the first failure ends the run.
 set -euo pipefail
 cd /mnt/share
 # REGISTRY: the host's test registry as the guest reaches it (10.0.2.2:PORT).
@@ -39,6 +40,7 @@ running_id() {
     jq -r --arg n "$1" '.containers[]? | select(.metadata.name == $n) | .id' | head -n1
 }
 has_running() { [ -n "$(running_id "$1")" ]; }
+not_running() { ! has_running "$1"; }
 berthd_up() { systemctl is-active -q berthd && bctl version >/dev/null 2>&1; }
 
 # A static pod sharing one PID namespace: pod $1, container $2 sleeping under 64Mi and 200m.
@@ -71,6 +73,58 @@ check_limits() {
   [ "$v" = "20000 100000" ] || fail "cpu.max in $1 is '$v', want '20000 100000'"
   ok "cpu.max 20000 100000"
 }
+# Loads the Localhost AppArmor profile the confined pods name: everything but writes under
+# /tmp (profiles loaded by hand do not outlive a boot).
+load_test_profile() {
+  apparmor_parser --replace <<'PROFILE' || fail "loading the test AppArmor profile"
+profile berth-test-deny-tmp flags=(attach_disconnected,mediate_deleted) {
+  file,
+  network,
+  capability,
+  signal,
+  deny /tmp/** w,
+}
+PROFILE
+}
+# A pod whose container $2 sleeps under the Localhost profile berth-test-deny-tmp, named by the
+# securityContext field ($3 = field: the agent) or by the annotation the kubelet 1.20 reads
+# ($3 = annotation).
+confined_pod() {
+  local annotation="" field=""
+  if [ "$3" = annotation ]; then
+    annotation="  annotations:
+    container.apparmor.security.beta.kubernetes.io/$2: localhost/berth-test-deny-tmp"
+  else
+    field="    securityContext:
+      appArmorProfile: {type: Localhost, localhostProfile: berth-test-deny-tmp}"
+  fi
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: default
+$annotation
+spec:
+  containers:
+  - name: $2
+    image: $REGISTRY/busybox:latest
+    command: ["sleep", "3600"]
+$field
+EOF
+}
+# Container $1 and what is exec'd in it run under berth-test-deny-tmp, which is enforced.
+check_confined() {
+  local v
+  v=$(bctl exec "$1" sh -c 'cat /proc/1/attr/current /proc/self/attr/current') ||
+    fail "reading the AppArmor labels of $1"
+  [ "$v" = "berth-test-deny-tmp (enforce)
+berth-test-deny-tmp (enforce)" ] || fail "container $1 and its exec run under '$v'"
+  v=$(bctl exec "$1" sh -c 'touch /tmp/denied 2>/dev/null; echo $?; touch /allowed; echo $?')
+  [ "$v" = "1
+0" ] || fail "under berth-test-deny-tmp, touch /tmp and / in $1 gave '$v', want 1 and 0"
+  ok "the Localhost AppArmor profile confines the container and its exec ($1)"
+}
 # Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf.
 node_empty() {
   [ -z "$(bctl ps -aq)" ] && [ -z "$(bctl pods -q)" ] &&
@@ -94,6 +148,11 @@ check_pod() {
   v=$(bctl exec "$id" head -c 15 /proc/1/cmdline | tr -d '\0') || fail "reading /proc/1/cmdline"
   [ "$v" = berth-pod-init ] || fail "pid 1 of the shared PID namespace is '$v'"
   ok "pid 1 is the pod's init"
+  v=$(bctl exec "$id" sh -c 'cat /proc/$(pidof sleep)/attr/current /proc/self/attr/current') ||
+    fail "reading the AppArmor labels of $id"
+  [ "$v" = "berth-default (enforce)
+berth-default (enforce)" ] || fail "container $id and its exec run under '$v', want berth-default"
+  ok "the container and its exec run under berth-default"
   # On the host, the init sits in a leaf of its own below the pod cgroup, beside the container.
   local init_cg
   init_cg=$(cat "/proc/$(pgrep -f '^berth-pod-init' | head -n1)/cgroup")
@@ -114,6 +173,10 @@ if [ "$phase" = 1 ]; then
   printf '[registry]\ninsecure_registries = ["%s"]\n' "$REGISTRY" >/etc/berth/config.d/vm.toml
   restart_berthd || fail "systemctl restart berthd (new configuration)"
   wait_for 60 berthd_up || fail "berthd not active after the restart"
+  [ "$(cat /sys/module/apparmor/parameters/enabled)" = Y ] || fail "the VM's kernel has no AppArmor"
+  grep -q '^berth-default (enforce)$' /sys/kernel/security/apparmor/profiles ||
+    fail "berthd did not load berth-default"
+  ok "berthd loaded its AppArmor profile berth-default"
   shared_pod shared main >/etc/berth/manifests/shared.yaml
   check_pod
   sleep_pid=$(pgrep -x sleep | head -n1)
@@ -151,6 +214,12 @@ EOF
   [ "$v" = OOMKilled ] || fail "the memory hog ended with reason '$v', want OOMKilled"
   ok "a container past its memory limit ends OOMKilled"
   rm /etc/berth/manifests/oom.yaml
+  load_test_profile
+  confined_pod confined cmain field >/etc/berth/manifests/confined.yaml
+  wait_for 120 has_running cmain || fail "the agent's confined pod is not running"
+  check_confined "$(running_id cmain)"
+  rm /etc/berth/manifests/confined.yaml
+  wait_for 60 not_running cmain || fail "the agent's confined pod was not removed"
   echo 2 >phase
   touch reboot
   exit 0
@@ -204,5 +273,14 @@ if ! wait_for 120 node_empty; then
   fail "the kubelet's pod not removed: $(find /sys/fs/cgroup/kubepods -type d)"
 fi
 ok "the kubelet's pod removed, its cgroups too"
+load_test_profile
+confined_pod kconfined kcmain annotation >/etc/kubernetes/manifests/kconfined.yaml
+if ! wait_for 180 has_running kcmain; then
+  journalctl -b -u kubelet --no-pager | tail -40
+  fail "the kubelet's confined pod is not running"
+fi
+check_confined "$(running_id kcmain)"
+rm /etc/kubernetes/manifests/kconfined.yaml
+wait_for 120 not_running kcmain || fail "the kubelet's confined pod was not removed"
 systemctl stop kubelet
 echo "== all checks passed"
