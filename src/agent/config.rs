@@ -132,6 +132,9 @@ pub struct AgentConfig {
     /// With swap allowed: `NoSwap` (pods get none) or `LimitedSwap` (Burstable pods may swap
     /// in proportion to their memory request).
     pub memory_swap_behavior: String,
+    /// On cgroup v2, an OOM kill takes only the process the kernel picks (the kubelet's
+    /// singleProcessOOMKill); by default the whole container goes (`memory.oom.group`).
+    pub single_process_oom_kill: bool,
     /// A running container's log is rotated once it is larger than this (a quantity, as the
     /// kubelet's containerLogMaxSize).
     pub container_log_max_size: String,
@@ -282,6 +285,7 @@ impl Default for AgentConfig {
             logind_config_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
             fail_swap_on: true,
             memory_swap_behavior: "NoSwap".to_string(),
+            single_process_oom_kill: false,
             container_log_max_size: "10Mi".to_string(),
             container_log_max_files: 5,
             container_log_monitor_interval_secs: 10.0,

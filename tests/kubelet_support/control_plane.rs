@@ -124,8 +124,9 @@ impl ControlPlane {
             &d,
             "apiserver",
             "/CN=kube-apiserver",
+            // 10.0.2.2: the host's loopback as the node VM's guest reaches it.
             Some(&format!(
-                "IP:127.0.0.1,DNS:localhost,IP:{SERVICE_IP},DNS:kubernetes.default.svc"
+                "IP:127.0.0.1,IP:10.0.2.2,DNS:localhost,IP:{SERVICE_IP},DNS:kubernetes.default.svc"
             )),
         );
         issue(

@@ -5,7 +5,9 @@
 # reboot. Boot 2: berthd is back at boot, the old container is reported ended and the agent
 # runs the pod again; then, the agent off, the stock kubelet 1.20 (from the share) runs a static
 # pod on the same berthd. AppArmor: berth-default on every container, a Localhost profile named
-# through the agent's securityContext field and the kubelet's annotation. Prints "ok: ..." per check; the first failure ends the run.
+# through the agent's securityContext field and the kubelet's annotation. The agent joins the
+# control plane on the host with a bootstrap token (deleted once joined) and, after the reboot,
+# rejoins with its stored certificate. Prints "ok: ..." per check; the first failure ends the run.
 set -euo pipefail
 cd /mnt/share
 # REGISTRY: the host's test registry as the guest reaches it (10.0.2.2:PORT).
@@ -125,6 +127,18 @@ berth-test-deny-tmp (enforce)" ] || fail "container $1 and its exec run under '$
 0" ] || fail "under berth-test-deny-tmp, touch /tmp and / in $1 gave '$v', want 1 and 0"
   ok "the Localhost AppArmor profile confines the container and its exec ($1)"
 }
+# kubectl as the cluster's admin (the control plane on the host).
+kctl() { timeout 30 ./kubectl --kubeconfig admin.kubeconfig "$@"; }
+# The node is Ready in the cluster.
+node_ready() {
+  [ "$(kctl get node node-vm -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+# The node's lease was renewed after this boot began.
+lease_renewed_this_boot() {
+  local renew
+  renew=$(kctl -n kube-node-lease get lease node-vm -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
+  [ -n "$renew" ] && [ "$(date -d "$renew" +%s)" -gt "$(date -d "$(uptime -s)" +%s)" ]
+}
 # Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf.
 node_empty() {
   [ -z "$(bctl ps -aq)" ] && [ -z "$(bctl pods -q)" ] &&
@@ -139,6 +153,9 @@ check_pod() {
   ok "static pod running (container $id)"
   check_limits "$id"
   local v
+  v=$(bctl exec "$id" cat /sys/fs/cgroup/memory.oom.group) || fail "reading memory.oom.group in $id"
+  [ "$v" = 1 ] || fail "memory.oom.group in $id is $v: an OOM kill would take one process only"
+  ok "memory.oom.group 1 (an OOM kill ends the whole container)"
   v=$(bctl -o json stats | jq -r --arg id "$id" '.[] | select(.id == $id) | .memory_working_set_bytes')
   { [ -n "$v" ] && [ "$v" -gt 0 ]; } || fail "berthctl stats gives the container no working set ('$v')"
   ok "stats from the v2 files (working set $v bytes)"
@@ -170,13 +187,21 @@ if [ "$phase" = 1 ]; then
   ok "package installed"
   wait_for 60 berthd_up || fail "berthd not active after the install"
   ok "berthd started by systemd"
-  printf '[registry]\ninsecure_registries = ["%s"]\n' "$REGISTRY" >/etc/berth/config.d/vm.toml
+  # The node joins the control plane on the host with a bootstrap token, as kubeadm join.
+  cp ca.crt /etc/berth/ca.crt
+  cp bootstrap.kubeconfig /etc/berth/bootstrap.kubeconfig
+  printf '[registry]\ninsecure_registries = ["%s"]\n\n[agent]\nbootstrap_kubeconfig = "/etc/berth/bootstrap.kubeconfig"\nkubeconfig = "/etc/berth/kubeconfig"\n' \
+    "$REGISTRY" >/etc/berth/config.d/vm.toml
   restart_berthd || fail "systemctl restart berthd (new configuration)"
   wait_for 60 berthd_up || fail "berthd not active after the restart"
   [ "$(cat /sys/module/apparmor/parameters/enabled)" = Y ] || fail "the VM's kernel has no AppArmor"
   grep -q '^berth-default (enforce)$' /sys/kernel/security/apparmor/profiles ||
     fail "berthd did not load berth-default"
   ok "berthd loaded its AppArmor profile berth-default"
+  wait_for 180 node_ready || fail "the node did not join the cluster: $(kctl get csr 2>&1)"
+  ok "joined the cluster with its bootstrap token"
+  kctl -n kube-system delete secret "bootstrap-token-$(sed -n 's/.*token: \([a-z0-9]*\)\..*/\1/p' /etc/berth/bootstrap.kubeconfig)" ||
+    fail "deleting the bootstrap token"
   shared_pod shared main >/etc/berth/manifests/shared.yaml
   check_pod
   sleep_pid=$(pgrep -x sleep | head -n1)
@@ -227,6 +252,12 @@ fi
 
 wait_for 120 berthd_up || fail "berthd not active after the reboot"
 ok "berthd started at boot"
+rejoined() { lease_renewed_this_boot && node_ready; }
+if ! wait_for 180 rejoined; then
+  journalctl -b -u berthd --no-pager | grep -E ' (WARN|ERROR) ' | tail -20 || true
+  fail "the node did not rejoin its cluster after the reboot: $(kctl get node node-vm -o 'jsonpath={.status.conditions}' 2>&1); lease renewed $(kctl -n kube-node-lease get lease node-vm -o 'jsonpath={.spec.renewTime}' 2>&1), boot $(uptime -s)"
+fi
+ok "rejoined the cluster after the reboot with its stored certificate (the bootstrap token is gone)"
 check_pod
 [ "$(cat id2)" != "$(cat id1)" ] || fail "the pre-reboot container is reported running"
 journalctl -b -u berthd --no-pager | grep "container ended while berthd was down" | grep -q "$(cat id1)" ||

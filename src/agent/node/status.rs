@@ -181,6 +181,13 @@ impl NodeStatus {
     /// Sends the status to the API server from now on (the Node is registered).
     pub fn attach(&self, cluster: Arc<Cluster>) {
         let _ = self.cluster.set(cluster);
+        // What was computed before went to the status file only: the next computation is sent
+        // whether or not it changed since (a node restarted with nothing new to report would
+        // otherwise stay as the API server last had it, NodeStatusUnknown after a reboot, until
+        // the report period passed).
+        if let Ok(mut i) = self.inner.lock() {
+            i.last_key.clear();
+        }
         if let Some(ev) = &self.ctx.events {
             ev.node(EventType::Normal, "Starting", "Starting kubelet.".into());
         }

@@ -25,6 +25,8 @@ pub struct ContainerContext<'a> {
     pub image: &'a str,
     /// The node's swap and the configured swap behaviour.
     pub swap: &'a resources::NodeSwap,
+    /// An OOM kill ends the whole container (`memory.oom.group`, cgroup v2).
+    pub oom_group: bool,
     /// The configMaps and secrets env and envFrom name, read from the API server (None on a
     /// node without one: such values are refused).
     pub objects: Option<&'a EnvObjects>,
@@ -124,6 +126,7 @@ pub fn container_config(
                 ctx.qos,
                 ctx.memory_capacity,
                 ctx.swap,
+                ctx.oom_group,
             )),
             security_context: Some(cri::LinuxContainerSecurityContext {
                 capabilities: Some(cri::Capability {
@@ -491,9 +494,23 @@ mod tests {
                 controller: true,
                 cgroup_v2: false,
             },
+            oom_group: true,
             objects: None,
         };
         let cfg = container_config(&pod, c, 3, &ctx).expect("config");
+        let unified = |cfg: &cri::ContainerConfig| {
+            let r = cfg.linux.as_ref().and_then(|l| l.resources.as_ref());
+            r.and_then(|r| r.unified.get("memory.oom.group").cloned())
+        };
+        assert_eq!(unified(&cfg).as_deref(), Some("1"));
+        let single = ContainerContext {
+            oom_group: false,
+            ..ctx
+        };
+        assert_eq!(
+            unified(&container_config(&pod, c, 3, &single).expect("config")),
+            None
+        );
         assert_eq!(cfg.metadata.as_ref().map(|m| m.attempt), Some(3));
         assert_eq!(cfg.log_path, "c/3.log");
         assert_eq!(cfg.labels[labels::POD_UID], "u1");

@@ -293,6 +293,7 @@ pub fn linux_resources(
     qos: &str,
     memory_capacity: f64,
     swap: &NodeSwap,
+    oom_group: bool,
 ) -> cri::LinuxContainerResources {
     let a = amounts(c);
     let period = 100_000i64;
@@ -313,6 +314,12 @@ pub fn linux_resources(
         ..Default::default()
     };
     apply_swap(&mut r, c, critical, qos, memory_capacity, swap);
+    if oom_group {
+        // An OOM kill ends the whole container, not one of its processes, as the kubelet
+        // asks on cgroup v2 since 1.32.
+        r.unified
+            .insert("memory.oom.group".to_string(), "1".to_string());
+    }
     r
 }
 
@@ -395,7 +402,7 @@ mod tests {
             ..Default::default()
         };
         let qos = qos_class(&spec);
-        let r = linux_resources(&c, critical, qos, (16 * GI) as f64, swap);
+        let r = linux_resources(&c, critical, qos, (16 * GI) as f64, swap, false);
         (
             qos,
             r.memory_swap_limit_in_bytes,

@@ -851,6 +851,7 @@ impl PodWorker {
             node_name: &self.ctx.node.name,
             image: &image,
             swap: &self.ctx.swap,
+            oom_group: self.ctx.swap.cgroup_v2 && !self.ctx.config.single_process_oom_kill,
             objects: objects.as_ref(),
         };
         let mut config = match container_config(self.pod(), c, restart_count, &cctx) {
