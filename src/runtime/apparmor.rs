@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
 
 use k8s_cri::v1 as cri;
 
@@ -181,10 +181,11 @@ enum Asked {
 }
 
 static HOST: OnceLock<Host> = OnceLock::new();
+static DISABLED: LazyLock<Host> = LazyLock::new(Host::disabled);
 
 /// This host's AppArmor, as [`setup`] found it (disabled before it ran).
-pub fn host() -> Host {
-    HOST.get().cloned().unwrap_or_else(Host::disabled)
+pub fn host() -> &'static Host {
+    HOST.get().unwrap_or(&DISABLED)
 }
 
 /// Finds whether AppArmor is enabled and, if it is, loads (or replaces) Berth's default

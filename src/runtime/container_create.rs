@@ -289,7 +289,6 @@ impl ContainerCreator {
             .unwrap_or(0);
         let host_caps = spec::host_capabilities();
         let config = &effective_namespaces(config, &paths);
-        let apparmor = super::apparmor::host();
         let input = SpecInput {
             container_id: id,
             sandbox_id: &req.pod_sandbox_id,
@@ -306,7 +305,7 @@ impl ContainerCreator {
             image_volumes: &image_volumes,
             host_capabilities: host_caps.as_ref(),
             hugetlb: super::cgroups::host_has_hugetlb(),
-            apparmor: &apparmor,
+            apparmor: super::apparmor::host(),
             selinux: spec::host_has_selinux(),
         };
         let name = config.metadata.as_ref().map_or("", |m| m.name.as_str());

@@ -334,6 +334,8 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
             o.user, o.role, o.r#type, o.level
         )));
     }
+    // The builders fill unset fields from oci-spec's `Default` impls (rlimits NOFILE=1024,
+    // no_new_privileges true, hostname "youki", ...): clear those explicitly.
     let mut process = process;
     process.set_rlimits(None);
     process.set_apparmor_profile(apparmor_profile);

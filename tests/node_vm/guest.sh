@@ -45,25 +45,31 @@ has_running() { [ -n "$(running_id "$1")" ]; }
 not_running() { ! has_running "$1"; }
 berthd_up() { systemctl is-active -q berthd && bctl version >/dev/null 2>&1; }
 
-# A static pod sharing one PID namespace: pod $1, container $2 sleeping under 64Mi and 200m.
-shared_pod() {
+# A static pod: pod $1, container $2 sleeping; $3, $4 and $5 are lines added to the pod's
+# metadata, to its spec and to its container.
+sleeper_pod() {
   cat <<EOF
 apiVersion: v1
 kind: Pod
 metadata:
   name: $1
   namespace: default
+$3
 spec:
-  shareProcessNamespace: true
+$4
   containers:
   - name: $2
     image: $REGISTRY/busybox:latest
     command: ["sleep", "3600"]
-    resources:
+$5
+EOF
+}
+# A static pod sharing one PID namespace: pod $1, container $2 sleeping under 64Mi and 200m.
+shared_pod() {
+  sleeper_pod "$1" "$2" "" "  shareProcessNamespace: true" "    resources:
       limits:
         memory: 64Mi
-        cpu: 200m
-EOF
+        cpu: 200m"
 }
 # shared_pod's limits in force, as container $1 reads them from its cgroup.
 check_limits() {
@@ -92,28 +98,13 @@ PROFILE
 # securityContext field ($3 = field: the agent) or by the annotation the kubelet 1.20 reads
 # ($3 = annotation).
 confined_pod() {
-  local annotation="" field=""
   if [ "$3" = annotation ]; then
-    annotation="  annotations:
-    container.apparmor.security.beta.kubernetes.io/$2: localhost/berth-test-deny-tmp"
+    sleeper_pod "$1" "$2" "  annotations:
+    container.apparmor.security.beta.kubernetes.io/$2: localhost/berth-test-deny-tmp" "" ""
   else
-    field="    securityContext:
+    sleeper_pod "$1" "$2" "" "" "    securityContext:
       appArmorProfile: {type: Localhost, localhostProfile: berth-test-deny-tmp}"
   fi
-  cat <<EOF
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $1
-  namespace: default
-$annotation
-spec:
-  containers:
-  - name: $2
-    image: $REGISTRY/busybox:latest
-    command: ["sleep", "3600"]
-$field
-EOF
 }
 # Container $1 and what is exec'd in it run under berth-test-deny-tmp, which is enforced.
 check_confined() {
