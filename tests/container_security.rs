@@ -253,8 +253,10 @@ async fn host_users_cannot_reach_a_containers_files() {
         .await;
     let (root, state) = (env.d.root(), env.d.state());
     let bundle = root.join("containers").join(&id);
+    // The shell creates the file before echo writes to it: wait for its content.
+    let written = bundle.join("rootfs/tmp/f");
     for _ in 0..100 {
-        if bundle.join("rootfs/tmp/f").exists() {
+        if std::fs::read_to_string(&written).is_ok_and(|s| s == "secret\n") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -283,7 +285,7 @@ async fn host_users_cannot_reach_a_containers_files() {
     }
     // The container's own user (1001) wrote its file through the closed directories.
     assert_eq!(
-        std::fs::read_to_string(bundle.join("rootfs/tmp/f")).expect("written"),
+        std::fs::read_to_string(&written).expect("written"),
         "secret\n"
     );
     env.remove(&id).await;
