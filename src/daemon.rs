@@ -39,6 +39,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let layout = crate::runtime::cgroups::Layout::detect().context("reading cgroup mounts")?;
+    let driver =
+        crate::runtime::cgroup_driver::CgroupDriver::resolve(config.runtime.cgroup_driver, &layout)
+            .map_err(anyhow::Error::msg)?;
+    crate::runtime::cgroup_driver::set(driver);
+    tracing::info!(driver = driver.name(), "cgroup driver");
     let lock = cri::server::lock_root(&config.root)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;

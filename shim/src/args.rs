@@ -19,6 +19,8 @@ pub struct Args {
     pub state_root: PathBuf,
     pub tty: bool,
     pub stdin: bool,
+    /// The container's cgroup is a systemd scope (`linux.cgroupsPath` is `slice:prefix:name`).
+    pub systemd_cgroup: bool,
 }
 
 impl Args {
@@ -32,7 +34,7 @@ impl Args {
             "--exit-file",
             "--state-root",
         ];
-        let (mut tty, mut stdin) = (false, false);
+        let (mut tty, mut stdin, mut systemd_cgroup) = (false, false, false);
         let mut it = argv.into_iter();
         while let Some(arg) = it.next() {
             let arg = arg
@@ -45,6 +47,7 @@ impl Args {
             match flag.as_str() {
                 "--tty" => tty = true,
                 "--stdin" => stdin = true,
+                "--systemd-cgroup" => systemd_cgroup = true,
                 "--id" => {
                     let v = value(&flag, inline, &mut it)?;
                     id = Some(
@@ -93,6 +96,7 @@ impl Args {
             state_root: next()?,
             tty,
             stdin,
+            systemd_cgroup,
         })
     }
 }

@@ -17,6 +17,7 @@ use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
 use nix::unistd::Pid;
 
+use crate::args::Args;
 use crate::error::{IoContext, ShimError};
 use crate::{enter, exec_process};
 
@@ -40,12 +41,11 @@ pub struct Ctr {
 impl Ctr {
     /// Creates the container (its init waits for [`Ctr::start`]).
     pub fn create(
-        id: &str,
-        bundle: &Path,
-        state_root: &Path,
+        args: &Args,
         stdio: Option<Stdio>,
         console_socket: Option<&Path>,
     ) -> Result<Self, ShimError> {
+        let (id, bundle, state_root) = (args.id.as_str(), &args.bundle, &args.state_root);
         fs::create_dir_all(state_root)
             .ctx(|| format!("create state root {}", state_root.display()))?;
         remove_stale(id, state_root);
@@ -69,7 +69,7 @@ impl Ctr {
         }
         let built = builder
             .as_init(bundle)
-            .with_systemd(false)
+            .with_systemd(args.systemd_cgroup)
             .with_detach(true)
             .build();
         // libcontainer writes the spec's oom_score_adj into the shim itself; put ours back
@@ -80,7 +80,14 @@ impl Ctr {
             tracing::warn!("restore shim oom_score_adj {}: {e}", v.trim());
         }
         let container = built.map_err(|e| wrap("create", e))?;
-        let cgroup_path = container.spec().ok().map(|c| c.cgroup_path);
+        // A systemd cgroupsPath names a scope; the init's own cgroup is its path.
+        let cgroup_path = if args.systemd_cgroup {
+            container
+                .pid()
+                .and_then(|pid| unified_cgroup_of(pid.as_raw()))
+        } else {
+            container.spec().ok().map(|c| c.cgroup_path)
+        };
         Ok(Self {
             id: id.to_string(),
             bundle: bundle.to_path_buf(),
@@ -228,6 +235,14 @@ impl Ctr {
             .delete(true)
             .map_err(|e| self.wrap("delete", e))
     }
+}
+
+/// The cgroup v2 path of process `pid` (its `0::` line of /proc/PID/cgroup).
+fn unified_cgroup_of(pid: i32) -> Option<PathBuf> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(PathBuf::from)
 }
 
 /// libcontainer sets the spec's oom_score_adj on the shim itself before forking, and fails with

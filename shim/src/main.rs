@@ -136,7 +136,7 @@ fn create_with_pipes(args: &Args) -> Result<Created, ShimError> {
         stdout: out_w,
         stderr: err_w,
     };
-    let ctr = Ctr::create(&args.id, &args.bundle, &args.state_root, Some(stdio), None)?;
+    let ctr = Ctr::create(args, Some(stdio), None)?;
     let outs = [
         Some((out_r, LineSplitter::new(Stream::Stdout))),
         Some((err_r, LineSplitter::new(Stream::Stderr))),
@@ -147,13 +147,7 @@ fn create_with_pipes(args: &Args) -> Result<Created, ShimError> {
 /// A pty: libcontainer sends its master over a console socket; all output is "stdout".
 fn create_with_tty(args: &Args) -> Result<Created, ShimError> {
     let console = ConsoleSocket::bind(&args.state_root.join(format!(".console-{}.sock", args.id)))?;
-    let mut ctr = Ctr::create(
-        &args.id,
-        &args.bundle,
-        &args.state_root,
-        None,
-        Some(console.path()),
-    )?;
+    let mut ctr = Ctr::create(args, None, Some(console.path()))?;
     match console.receive_master() {
         Ok(master) => {
             let keep = master.try_clone().ctx(|| "dup pty master".to_string());

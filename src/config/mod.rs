@@ -36,6 +36,21 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The embedded node agent (static pods, probes, node status).
     pub agent: crate::agent::config::AgentConfig,
+    /// How containers run.
+    pub runtime: RuntimeSection,
+}
+
+/// How containers run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeSection {
+    /// The cgroup driver: "systemd" (pod slices and container scopes made through systemd; CRI
+    /// cgroup parents are slice names such as `kubepods-burstable-pod<uid>.slice`; pure cgroup
+    /// v2 only), "cgroupfs" (cgroup directories made by Berth; parents are paths such as
+    /// `/kubepods/burstable/pod<uid>`), or "auto" (the default: systemd where systemd is the
+    /// init and the hierarchy is pure cgroup v2, else cgroupfs). The kubelet's `cgroupDriver`
+    /// must be the same.
+    pub cgroup_driver: crate::runtime::cgroup_driver::DriverChoice,
 }
 
 /// Images from archives, for nodes without a registry.
@@ -173,6 +188,7 @@ impl Default for Config {
             stream: StreamConfig::default(),
             metrics: MetricsConfig::default(),
             agent: Default::default(),
+            runtime: RuntimeSection::default(),
         }
     }
 }

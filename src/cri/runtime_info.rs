@@ -49,8 +49,12 @@ pub fn runtime_status(verbose: bool, net: Option<&NetManager>) -> cri::StatusRes
     if verbose {
         info.insert(
             "berth".into(),
-            serde_json::json!({ "version": RUNTIME_VERSION, "apiVersions": ["v1", "v1alpha2"] })
-                .to_string(),
+            serde_json::json!({
+                "version": RUNTIME_VERSION,
+                "apiVersions": ["v1", "v1alpha2"],
+                "cgroupDriver": crate::runtime::cgroup_driver::current().name(),
+            })
+            .to_string(),
         );
         if let Some(net) = net {
             let opts = net.options();
@@ -120,11 +124,11 @@ pub fn recursive_read_only_mounts() -> bool {
     })
 }
 
-/// RuntimeConfig: Berth drives cgroups through cgroupfs.
+/// RuntimeConfig: the cgroup driver berthd runs with.
 pub fn cgroup_config() -> cri::RuntimeConfigResponse {
     cri::RuntimeConfigResponse {
         linux: Some(cri::LinuxRuntimeConfiguration {
-            cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
+            cgroup_driver: crate::runtime::cgroup_driver::current().cri() as i32,
         }),
     }
 }

@@ -436,6 +436,13 @@ impl ContainerManager {
             // The container's process has made its own mounts of any idmapped bind sources.
             super::userns::release_binds(&rec.bundle);
             let (shim_pid, init_pid) = spawned?;
+            if super::cgroup_driver::current() == super::cgroup_driver::CgroupDriver::Systemd
+                && let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref())
+            {
+                let layout = super::cgroups::Layout::detect()
+                    .map_err(|e| ContainerError::Internal(format!("reading cgroup mounts: {e}")))?;
+                super::container_update::write_created_resources(&layout, &rec.id, &rec.bundle, r)?;
+            }
             rec.shim_process =
                 Some(HostProcess::of(shim_pid).unwrap_or(HostProcess::ended(shim_pid)));
             rec.init_process =
@@ -532,6 +539,9 @@ impl ContainerManager {
             .arg(self.state_dir.join("containers"));
         if config.tty {
             cmd.arg("--tty");
+        }
+        if super::cgroup_driver::current() == super::cgroup_driver::CgroupDriver::Systemd {
+            cmd.arg("--systemd-cgroup");
         }
         if config.stdin {
             cmd.arg("--stdin");
@@ -796,6 +806,11 @@ impl ContainerManager {
             && let Ok(layout) = super::cgroups::Layout::detect()
         {
             super::cgroups::kill_and_remove(&layout, &cgroup);
+            if let super::cgroups::Layout::V2(root) = &layout
+                && super::cgroup_driver::current() == super::cgroup_driver::CgroupDriver::Systemd
+            {
+                super::systemd_units::stop_if_unused(root, &cgroup);
+            }
         }
     }
 
@@ -947,10 +962,10 @@ fn container_matches(rec: &ContainerRecord, f: &cri::ContainerFilter) -> bool {
 fn bundle_cgroup(bundle: &std::path::Path) -> Option<String> {
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
-    let path = spec["linux"]["cgroupsPath"].as_str()?;
+    let path = super::container_update::cgroups_path(&spec)?;
     // Only a cgroup Berth named for a container (never a pod's or the root).
     let leaf = path.rsplit('/').next().unwrap_or_default();
-    leaf.starts_with("berth-").then(|| path.to_string())
+    leaf.starts_with("berth-").then_some(path)
 }
 
 /// The shim's own account of a failed create: its last `berth-shim: ` line. The log lines of

@@ -298,6 +298,7 @@ impl ContainerCreator {
             rootfs: &rootfs,
             sandbox_paths: &paths,
             cgroup_parent: &sandbox.cgroup_parent,
+            cgroup_driver: super::cgroup_driver::current(),
             runtime_oom_score_adj: own_oom,
             termination_message: termination
                 .as_ref()

@@ -435,11 +435,70 @@ fn apply(id: &str, w: &CgroupWrite) -> Result<(), UpdateError> {
     }
 }
 
-/// The `linux.cgroupsPath` of a bundle's config.json.
+/// The `linux.cgroupsPath` of a bundle's config.json, as written (a path, or the systemd
+/// driver's `<slice>:<prefix>:<name>`).
+pub fn oci_cgroups_path(spec: &serde_json::Value) -> Option<&str> {
+    spec.pointer("/linux/cgroupsPath").and_then(|v| v.as_str())
+}
+
+/// The cgroup path (from the hierarchy's root) of a bundle's config.json: its
+/// `linux.cgroupsPath`, or the path of the scope a systemd one names.
 pub fn cgroups_path(spec: &serde_json::Value) -> Option<String> {
-    spec.pointer("/linux/cgroupsPath")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
+    oci_cgroups_path(spec).and_then(super::cgroup_driver::cgroups_path_to_dir)
+}
+
+/// Sets the bundle's `linux.resources` as the properties of the container's systemd scope, where
+/// its cgroupsPath names one (the systemd driver); a cgroupfs path needs nothing.
+pub async fn set_unit_resources(
+    layout: &Layout,
+    id: &str,
+    spec: &serde_json::Value,
+) -> Result<(), UpdateError> {
+    let (Some(path), Layout::V2(root)) = (oci_cgroups_path(spec), layout) else {
+        return Ok(());
+    };
+    if path.starts_with('/') || !path.contains(':') {
+        return Ok(());
+    }
+    let resources: oci_spec::runtime::LinuxResources = spec
+        .pointer("/linux/resources")
+        .cloned()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| UpdateError::Internal(format!("container {id}: its resources: {e}")))?
+        .unwrap_or_default();
+    let (root, path) = (root.clone(), path.to_string());
+    tokio::task::spawn_blocking(move || {
+        super::systemd_units::set_resources(&root, &path, &resources)
+    })
+    .await
+    .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))?
+    .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))
+}
+
+/// Under the systemd driver, writes a created container's resources to its scope's files too:
+/// libcontainer sets the properties systemd has, and some limits have none (`unified` keys
+/// such as memory.oom.group, hugepage limits). Nothing to do under cgroupfs.
+pub fn write_created_resources(
+    layout: &Layout,
+    id: &str,
+    bundle: &Path,
+    r: &cri::LinuxContainerResources,
+) -> Result<(), UpdateError> {
+    let spec = read_spec(bundle)?;
+    let Some(oci) = oci_cgroups_path(&spec) else {
+        return Ok(());
+    };
+    if oci.starts_with('/') || !oci.contains(':') {
+        return Ok(());
+    }
+    let Some(cgroup) = cgroups_path(&spec) else {
+        return Ok(());
+    };
+    for w in &plan(layout, &cgroup, r, r, &read_file)? {
+        apply(id, w)?;
+    }
+    Ok(())
 }
 
 /// Reads `<bundle>/config.json`.
@@ -570,10 +629,13 @@ impl ContainerManager {
         let old = linux.resources.take().unwrap_or_default();
         let merged = merge(&old, r);
         let writes = plan(layout, &cgroup, r, &merged, &read_file)?;
+        set_spec_resources(&mut spec, &merged);
+        // Under the systemd driver the scope's properties first: systemd writes them again
+        // at every daemon-reload, so files alone would not last.
+        set_unit_resources(layout, &rec.id, &spec).await?;
         for w in &writes {
             apply(&rec.id, w)?;
         }
-        set_spec_resources(&mut spec, &merged);
         write_spec(&rec.bundle, &spec)?;
         linux.resources = Some(merged);
         config.linux = Some(linux);

@@ -2,6 +2,7 @@
 
 pub mod apparmor;
 pub mod cgroup_attach;
+pub mod cgroup_driver;
 pub mod cgroups;
 pub mod container;
 pub mod container_create;
@@ -22,5 +23,6 @@ pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;
 pub mod spec_user;
+pub mod systemd_units;
 pub mod unrecorded;
 pub mod userns;

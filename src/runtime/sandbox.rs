@@ -14,6 +14,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug_span};
 
+use super::cgroup_driver;
 use super::cgroups::{self, Layout};
 use super::decoded::{Decoded, Encoded};
 use super::names::{self, NameRegistry, Reservation};
@@ -21,6 +22,7 @@ use super::pin::{self, PinRequest};
 use super::process::HostProcess;
 use super::sandbox_files;
 use super::sandbox_gate::{SandboxExclusive, SandboxGates, SandboxMember};
+use super::systemd_units;
 use super::userns::{self, PodIds};
 use crate::net::{NetError, NetManager};
 use crate::store::{RecordTable, SANDBOXES, Store};
@@ -397,7 +399,9 @@ impl SandboxManager {
             .as_ref()
             .map(|l| l.cgroup_parent.clone())
             .unwrap_or_default();
-        cgroups::validate_path(&cgroup_parent).map_err(SandboxError::InvalidArgument)?;
+        let cgroup_parent = cgroup_driver::current()
+            .pod_cgroup(&cgroup_parent)
+            .map_err(|e| SandboxError::InvalidArgument(format!("RunPodSandbox: {e}")))?;
         let name = format!(
             "{}_{}_{}_{}",
             meta.name, meta.namespace, meta.uid, meta.attempt
@@ -553,6 +557,18 @@ impl SandboxManager {
         if rec.cgroup_parent.is_empty() {
             return Ok(());
         }
+        if let Some(root) = self.systemd_root() {
+            // systemd makes the slices (with the first unit started in them); those not there
+            // yet are Berth's to stop at removal.
+            let mut path = PathBuf::new();
+            for part in rec.cgroup_parent.split('/').filter(|p| !p.is_empty()) {
+                path.push(part);
+                if !root.join(&path).exists() {
+                    rec.created_cgroups.push(root.join(&path));
+                }
+            }
+            return Ok(());
+        }
         // `ensure` makes every missing ancestor too (and removes them again on failure).
         let deepest = match rec.pid_ns {
             Some(_) => pod_init_cgroup(&rec.cgroup_parent),
@@ -640,7 +656,8 @@ impl SandboxManager {
             uts: rec.uts_ns.clone(),
             pid: rec.pid_ns.clone(),
             user: rec.user_ns.clone().zip(rec.user_ids),
-            cgroups: if rec.cgroup_parent.is_empty() {
+            // Under systemd the init starts where berthd is and moves into its scope below.
+            cgroups: if rec.cgroup_parent.is_empty() || self.systemd_root().is_some() {
                 Vec::new()
             } else {
                 self.layout.dirs(&pod_init_cgroup(&rec.cgroup_parent))
@@ -663,6 +680,17 @@ impl SandboxManager {
                     }
                     e => SandboxError::Internal(e.to_string()),
                 })?;
+            if let (Some(init), Some(root)) = (rec.pod_init, self.systemd_root())
+                && !rec.cgroup_parent.is_empty()
+            {
+                let (pod, id) = (rec.cgroup_parent.clone(), rec.id.clone());
+                tokio::task::spawn_blocking(move || {
+                    systemd_units::start_pod_init_scope(&root, &pod, &id, init.pid)
+                })
+                .await
+                .map_err(|e| SandboxError::Internal(format!("RunPodSandbox: {e}")))?
+                .map_err(|e| SandboxError::Internal(format!("RunPodSandbox: {e}")))?;
+            }
             if rec.pod_init.is_some() {
                 let _guard = self.lock.lock().await;
                 self.adopt_handed_over(rec);
@@ -739,7 +767,30 @@ impl SandboxManager {
         {
             tracing::warn!(sandbox = %rec.id, error = %e, "removing sandbox dir");
         }
-        cgroups::remove(&rec.created_cgroups);
+        match self.systemd_root() {
+            Some(root) => {
+                let mut dirs: Vec<&PathBuf> = rec.created_cgroups.iter().collect();
+                dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+                for dir in dirs {
+                    if let Ok(rel) = dir.strip_prefix(&root) {
+                        systemd_units::stop_if_unused(&root, &rel.to_string_lossy());
+                    }
+                }
+            }
+            None => cgroups::remove(&rec.created_cgroups),
+        }
+    }
+
+    /// The cgroup v2 root, when pod cgroups are systemd's units (the systemd driver).
+    fn systemd_root(&self) -> Option<PathBuf> {
+        match &self.layout {
+            Layout::V2(root)
+                if cgroup_driver::current() == cgroup_driver::CgroupDriver::Systemd =>
+            {
+                Some(root.clone())
+            }
+            _ => None,
+        }
     }
 
     /// The record of `id` for stop/remove: None when unknown; an error while it is still being

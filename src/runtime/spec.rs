@@ -212,8 +212,11 @@ pub struct SpecInput<'a> {
     /// The container's mounted rootfs (its /etc/passwd and /etc/group are read).
     pub rootfs: &'a Path,
     pub sandbox_paths: &'a SandboxPaths,
-    /// As the kubelet passes it, e.g. /kubepods/burstable/pod<uid>.
+    /// The pod's cgroup path, e.g. /kubepods/burstable/pod<uid> (see
+    /// [`super::cgroup_driver::CgroupDriver::pod_cgroup`]).
     pub cgroup_parent: &'a str,
+    /// How the container's cgroup is named and made.
+    pub cgroup_driver: super::cgroup_driver::CgroupDriver,
     /// berthd's own oom_score_adj: never generate a lower one.
     pub runtime_oom_score_adj: i32,
     /// (host file, container path) of the termination message file, created by the caller.
@@ -359,7 +362,11 @@ pub fn generate(input: &SpecInput<'_>) -> Result<(Spec, EffectiveUser), SpecErro
 
     let mut linux_builder = LinuxBuilder::default()
         .namespaces(namespaces)
-        .cgroups_path(cgroups_path(input.cgroup_parent, input.container_id))
+        .cgroups_path(PathBuf::from(
+            input
+                .cgroup_driver
+                .container_cgroups_path(input.cgroup_parent, input.container_id),
+        ))
         .resources(resources_spec(&resources, device_rules, input.hugetlb)?)
         .devices(devices)
         .sysctl(
@@ -734,17 +741,6 @@ fn namespaces(
         out.push(ns(LinuxNamespaceType::Cgroup, None)?);
     }
     Ok(out)
-}
-
-fn cgroups_path(parent: &str, id: &str) -> PathBuf {
-    let parent = parent.trim_end_matches('/');
-    if parent.is_empty() {
-        PathBuf::from(format!("/berth-{id}"))
-    } else if parent.starts_with('/') {
-        PathBuf::from(format!("{parent}/berth-{id}"))
-    } else {
-        PathBuf::from(format!("/{parent}/berth-{id}"))
-    }
 }
 
 fn merge_paths(defaults: &[&str], extra: &[String]) -> Vec<String> {

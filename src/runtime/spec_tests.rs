@@ -153,6 +153,7 @@ impl Fixture {
             rootfs: &self.rootfs,
             sandbox_paths: &self.paths,
             cgroup_parent: "/kubepods/burstable/poduid-1",
+            cgroup_driver: crate::runtime::cgroup_driver::CgroupDriver::Cgroupfs,
             runtime_oom_score_adj: self.runtime_oom,
             termination_message: self
                 .termination
@@ -989,11 +990,6 @@ fn cgroups_path_sysctls_rlimits_and_annotations() {
     assert_eq!(
         linux(&spec).cgroups_path().as_deref(),
         Some(Path::new("/kubepods/burstable/poduid-1/berth-c1"))
-    );
-    assert_eq!(cgroups_path("", "x"), PathBuf::from("/berth-x"));
-    assert_eq!(
-        cgroups_path("kubepods/", "x"),
-        PathBuf::from("/kubepods/berth-x")
     );
     assert_eq!(
         linux(&spec).sysctl().as_ref().unwrap()["net.ipv4.ip_forward"],

@@ -377,7 +377,8 @@ impl Collector {
         let time = rfc3339_nanos(crate::util::unix_nanos_now());
         let capacity = Some(self.ctx.node.memory_bytes);
         let (cpu, memory) = self.cgroup("node", "/", capacity);
-        let (pods_cpu, pods_memory) = self.cgroup("pods", &self.ctx.cgroup_root, capacity);
+        let pods_root = crate::agent::runtime::sandbox_config::pods_cgroup(&self.ctx.cgroup_root);
+        let (pods_cpu, pods_memory) = self.cgroup("pods", &pods_root, capacity);
         let mut out_pods = Vec::new();
         // Disk walks (logs, volumes) are done on the blocking pool, all pods at once.
         let mut disk_jobs = Vec::new();

@@ -100,21 +100,65 @@ pub fn sandbox_config(
     }
 }
 
-/// The pod's cgroup as the kubelet's cgroupfs driver names it: `<root>/pod<uid>` for
-/// Guaranteed pods, `<root>/burstable/pod<uid>` and `<root>/besteffort/pod<uid>` (root
-/// `/kubepods` by default).
+/// The pod's cgroup as the kubelet names it with the runtime's cgroup driver. cgroupfs:
+/// `<root>/pod<uid>` for Guaranteed pods, `<root>/burstable/pod<uid>` and
+/// `<root>/besteffort/pod<uid>` (root `/kubepods` by default). systemd: the slices
+/// `kubepods-pod<uid>.slice`, `kubepods-burstable-pod<uid>.slice` and
+/// `kubepods-besteffort-pod<uid>.slice`, the root's parts joined by dashes and the uid's dashes
+/// made underscores (a dash nests slices).
 pub fn cgroup_parent(root: &str, pod: &Pod) -> String {
-    let root = root.trim_end_matches('/');
+    cgroup_parent_for(crate::runtime::cgroup_driver::current(), root, pod)
+}
+
+/// [`cgroup_parent`] under `driver`.
+pub fn cgroup_parent_for(
+    driver: crate::runtime::cgroup_driver::CgroupDriver,
+    root: &str,
+    pod: &Pod,
+) -> String {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let qos = pod
         .spec
         .as_ref()
         .map(super::resources::qos_class)
         .unwrap_or("BestEffort");
-    match qos {
-        "Guaranteed" => format!("{root}/pod{uid}"),
-        "Burstable" => format!("{root}/burstable/pod{uid}"),
-        _ => format!("{root}/besteffort/pod{uid}"),
+    let class = match qos {
+        "Guaranteed" => None,
+        "Burstable" => Some("burstable"),
+        _ => Some("besteffort"),
+    };
+    match driver {
+        crate::runtime::cgroup_driver::CgroupDriver::Cgroupfs => {
+            let root = root.trim_end_matches('/');
+            match class {
+                None => format!("{root}/pod{uid}"),
+                Some(c) => format!("{root}/{c}/pod{uid}"),
+            }
+        }
+        crate::runtime::cgroup_driver::CgroupDriver::Systemd => {
+            let mut parts: Vec<String> = root
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect();
+            parts.extend(class.map(str::to_string));
+            parts.push(format!("pod{}", uid.replace('-', "_")));
+            format!("{}.slice", parts.join("-"))
+        }
+    }
+}
+
+/// The cgroup path of the agent's pods' root (`agent.cgroup_root`) under the runtime's driver:
+/// as configured for cgroupfs, its slice's path for systemd (`/kubepods.slice`).
+pub fn pods_cgroup(root: &str) -> String {
+    use crate::runtime::cgroup_driver::{self, CgroupDriver};
+    match cgroup_driver::current() {
+        CgroupDriver::Cgroupfs => root.to_string(),
+        CgroupDriver::Systemd => {
+            let parts: Vec<&str> = root.split('/').filter(|p| !p.is_empty()).collect();
+            cgroup_driver::expand_slice(&format!("{}.slice", parts.join("-")))
+                .unwrap_or_else(|_| root.to_string())
+        }
     }
 }
 
@@ -284,6 +328,34 @@ fn pod_hostname(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_cgroups_are_named_as_the_kubelet_names_them_for_each_driver() {
+        use crate::runtime::cgroup_driver::CgroupDriver;
+        let pod = |resources: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"uid": "1a2b-3c"},
+                "spec": {"containers": [{"name": "c", "resources": resources}]},
+            }))
+            .expect("pod")
+        };
+        let guaranteed = pod(serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}}));
+        let burstable = pod(serde_json::json!({"requests": {"cpu": "1"}}));
+        let best = pod(serde_json::json!({}));
+        let fs = |p: &Pod| cgroup_parent_for(CgroupDriver::Cgroupfs, "/kubepods", p);
+        let sd = |p: &Pod| cgroup_parent_for(CgroupDriver::Systemd, "/kubepods", p);
+        assert_eq!(fs(&guaranteed), "/kubepods/pod1a2b-3c");
+        assert_eq!(fs(&burstable), "/kubepods/burstable/pod1a2b-3c");
+        assert_eq!(fs(&best), "/kubepods/besteffort/pod1a2b-3c");
+        assert_eq!(sd(&guaranteed), "kubepods-pod1a2b_3c.slice");
+        assert_eq!(sd(&burstable), "kubepods-burstable-pod1a2b_3c.slice");
+        assert_eq!(sd(&best), "kubepods-besteffort-pod1a2b_3c.slice");
+        // Every name is one the runtime takes under the same driver.
+        for p in [&guaranteed, &burstable, &best] {
+            assert!(CgroupDriver::Systemd.pod_cgroup(&sd(p)).is_ok());
+            assert!(CgroupDriver::Cgroupfs.pod_cgroup(&fs(p)).is_ok());
+        }
+    }
 
     #[test]
     fn long_pod_names_make_hostnames_of_63_bytes_at_most() {

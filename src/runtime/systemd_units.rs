@@ -1,0 +1,148 @@
+//! Units of the systemd cgroup driver made and changed by berthd itself through systemd's D-Bus
+//! API (libcgroups' systemd manager): the pod init's scope in the pod's slice, resource updates
+//! of container scopes, and the stop of pod slices Berth started. Blocking: call from
+//! `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use libcgroups::common::{CgroupManager, ControllerOpt};
+use libcgroups::systemd::manager::Manager;
+use oci_spec::runtime::LinuxResources;
+
+use super::cgroup_driver::{self, POD_INIT_SCOPE_PREFIX};
+
+/// How long a process may take to show up in the scope systemd made for it.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many times (20 ms apart) a unit's cgroup is looked at while its empty scopes go away.
+const SETTLE_POLLS: u32 = 100;
+
+/// A manager of the unit that `cgroups_path` (`<slice>:<prefix>:<name>`) names.
+fn manager(root: &Path, cgroups_path: &str, what: &str) -> Result<Manager, String> {
+    Manager::new(
+        root.to_path_buf(),
+        PathBuf::from(cgroups_path),
+        what.to_string(),
+        true,
+        JOIN_TIMEOUT,
+    )
+    .map_err(|e| format!("systemd, for {cgroups_path}: {e}"))
+}
+
+/// Moves the init of sandbox `sandbox_id` (process `pid`) into the scope
+/// `berth-pod-init-<id>.scope` of the pod's slice (the last component of `pod_cgroup`),
+/// which systemd starts, with the slice and its parents, for it. Returns the scope's cgroup path.
+pub fn start_pod_init_scope(
+    root: &Path,
+    pod_cgroup: &str,
+    sandbox_id: &str,
+    pid: i32,
+) -> Result<String, String> {
+    let slice = cgroup_driver::unit_of(pod_cgroup)
+        .filter(|u| u.ends_with(".slice"))
+        .ok_or_else(|| format!("pod cgroup {pod_cgroup} is not a slice"))?;
+    let path = format!("{slice}:{POD_INIT_SCOPE_PREFIX}:{sandbox_id}");
+    let m = manager(root, &path, &format!("pod {sandbox_id}"))?;
+    m.add_task(nix::unistd::Pid::from_raw(pid))
+        .map_err(|e| format!("starting the scope of pod {sandbox_id}'s init: {e}"))?;
+    cgroup_driver::cgroups_path_to_dir(&path)
+        .ok_or_else(|| format!("the scope of pod {sandbox_id}'s init has no cgroup path"))
+}
+
+/// Sets `resources` on the container scope of `cgroups_path` as unit properties (runtime
+/// ones, which systemd keeps across `daemon-reload`).
+pub fn set_resources(
+    root: &Path,
+    cgroups_path: &str,
+    resources: &LinuxResources,
+) -> Result<(), String> {
+    let m = manager(root, cgroups_path, cgroups_path)?;
+    m.apply(&ControllerOpt {
+        resources,
+        disable_oom_killer: false,
+        oom_score_adj: None,
+        freezer_state: None,
+    })
+    .map_err(|e| format!("setting the properties of {cgroups_path}: {e}"))
+}
+
+/// Stops the unit whose cgroup is `dir` (a slice Berth started, or a scope), if systemd has
+/// it and nothing runs in it: no process, no cgroup below. An empty cgroup is a unit no one
+/// uses; one in use stays (stopping a slice would stop everything below it).
+pub fn stop_if_unused(root: &Path, dir: &str) {
+    let Some(unit) = cgroup_driver::unit_of(dir) else {
+        return;
+    };
+    let full = root.join(dir.trim_start_matches('/'));
+    // The scopes of processes just killed go away as systemd sees them empty: wait for those.
+    let mut polls = 0;
+    loop {
+        match cgroup_use(&full) {
+            Use::Unused => break,
+            Use::Settling if polls < SETTLE_POLLS => {
+                polls += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                tracing::debug!(unit, "unit still in use: left");
+                return;
+            }
+        }
+    }
+    // libcgroups names the unit by the path's last part: a slice as is, else
+    // `<prefix>-<name>.scope`.
+    let (prefix, name) = match unit.strip_suffix(".scope") {
+        Some(scope) => match scope.split_once('-') {
+            Some(parts) => parts,
+            None => return,
+        },
+        None => (POD_INIT_SCOPE_PREFIX, unit),
+    };
+    let stopped = manager(root, &format!("-.slice:{prefix}:{name}"), unit)
+        .and_then(|m| m.remove().map_err(|e| e.to_string()));
+    match stopped {
+        Ok(()) => tracing::debug!(unit, "unit stopped"),
+        Err(e) => tracing::warn!(unit, error = %e, "stopping unit"),
+    }
+}
+
+/// What runs in a unit's cgroup.
+enum Use {
+    /// No process, no cgroup below (or no cgroup at all).
+    Unused,
+    /// No process; below it only scopes without processes, which systemd is removing.
+    Settling,
+    /// Processes, or cgroups below with processes or of their own below.
+    InUse,
+}
+
+/// What runs in the cgroup at `dir`.
+fn cgroup_use(dir: &Path) -> Use {
+    let empty = |d: &Path| {
+        std::fs::read_to_string(d.join("cgroup.procs"))
+            .map(|p| p.trim().is_empty())
+            .unwrap_or(true)
+    };
+    if !empty(dir) {
+        return Use::InUse;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Use::Unused;
+    };
+    let children: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    if children.is_empty() {
+        Use::Unused
+    } else if children
+        .iter()
+        .all(|c| c.extension().is_some_and(|e| e == "scope") && empty(c))
+    {
+        Use::Settling
+    } else {
+        Use::InUse
+    }
+}
