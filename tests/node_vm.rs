@@ -1,9 +1,12 @@
 //! Berth on the node most people run, in a Debian 12 VM (hack/node-vm.sh): systemd as PID 1, a
 //! pure cgroup v2 hierarchy, Debian's kernel. This build's package is installed there and
-//! berthd, started by systemd, runs a static pod with a shared PID namespace and limits; the pod
-//! outlives `systemctl restart berthd`, a container past its memory limit ends OOMKilled, and
-//! after a reboot of the VM berthd reports the old container ended and the agent runs the pod
-//! again; then the stock kubelet 1.20 runs a static pod on the same berthd, the agent off.
+//! berthd, started by systemd with the systemd cgroup driver it picks there, runs a static pod
+//! with a shared PID namespace and limits (its init and each container in a scope of the pod's
+//! slice, the limits kept across `systemctl daemon-reload`); the pod outlives `systemctl restart
+//! berthd`, a container past its memory limit ends OOMKilled, and after a reboot of the VM
+//! berthd reports the old container ended and the agent runs the pod again; then the stock
+//! kubelet 1.20 runs a static pod on the same berthd, the agent off, with `cgroupDriver:
+//! systemd` and then, berthd switched to cgroupfs, with `cgroupDriver: cgroupfs`.
 //! AppArmor is enforced: berthd loads `berth-default` and every container and its exec run
 //! under it; a Localhost profile named by the agent's securityContext field and by the
 //! kubelet's annotation confines its container. The agent joins a control plane on the host
@@ -153,12 +156,15 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         "ok: stats from the v2 files",
         "ok: memory.oom.group 1",
         "ok: private cgroup namespace",
-        "ok: pod init in its leaf cgroup",
+        "ok: pod init in its scope",
+        "its limits kept across systemctl daemon-reload",
         "ok: container kept across systemctl restart berthd",
         "ok: a container past its memory limit ends OOMKilled",
         "ok: the pre-reboot container reported ended",
+        "ok: the stock kubelet 1.20 (systemd driver) runs its static pod",
+        "ok: the kubelet's pod removed, its cgroups too (systemd driver)",
         "ok: the stock kubelet 1.20 (cgroupfs driver) runs its static pod",
-        "ok: the kubelet's pod removed, its cgroups too",
+        "ok: the kubelet's pod removed, its cgroups too (cgroupfs driver)",
         "ok: the agent's pod removed, its cgroups too",
         "ok: berthd loaded its AppArmor profile berth-default",
         "ok: the container and its exec run under berth-default",

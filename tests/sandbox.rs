@@ -335,6 +335,16 @@ async fn bad_sandbox_requests_are_refused_and_leave_nothing() {
     escape.linux.as_mut().expect("linux").sysctls.clear();
     let e = run(&c, escape).await.expect_err("cgroup escape");
     assert_eq!(e.code(), Code::InvalidArgument);
+    // A systemd slice name given to berthd's cgroupfs driver (this host has no systemd): no
+    // directory named after it is made outside systemd's tree.
+    let mut slice = pod_config("slice", "kubepods-besteffort-podx.slice", false);
+    slice.linux.as_mut().expect("linux").sysctls.clear();
+    let e = run(&c, slice).await.expect_err("slice under cgroupfs");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("kubepods-besteffort-podx.slice") && e.message().contains("cgroupfs"),
+        "{e:?}"
+    );
     let mut long = pod_config("longname", &cg.0, false);
     long.hostname = "h".repeat(65);
     let e = run(&c, long).await.expect_err("hostname too long");

@@ -19,7 +19,11 @@ use nix::unistd::Pid;
 
 use crate::args::Args;
 use crate::error::{IoContext, ShimError};
+use crate::oom_watch::{self, OomSeen};
 use crate::{enter, exec_process};
+
+/// Where a pure cgroup v2 hierarchy is mounted (the systemd driver runs on nothing else).
+const V2_ROOT: &str = "/sys/fs/cgroup";
 
 /// Stdio handed to a container process.
 pub struct Stdio {
@@ -34,6 +38,9 @@ pub struct Ctr {
     container: Container,
     /// The cgroup path libcontainer resolved (relative to each hierarchy's mount point).
     cgroup_path: Option<PathBuf>,
+    /// Under the systemd driver, the OOM kills seen while the scope lived (systemd removes it,
+    /// and its `memory.events`, once the last process is gone).
+    oom_seen: Option<OomSeen>,
     /// The bundle's spec, once an exec has read it.
     spec: OnceCell<Spec>,
 }
@@ -88,11 +95,25 @@ impl Ctr {
         } else {
             container.spec().ok().map(|c| c.cgroup_path)
         };
+        let oom_seen = match (&cgroup_path, args.systemd_cgroup) {
+            (Some(cg), true) => {
+                let dir = Path::new(V2_ROOT).join(cg.strip_prefix("/").unwrap_or(cg));
+                match oom_watch::watch(&dir) {
+                    Ok(seen) => Some(seen),
+                    Err(e) => {
+                        tracing::warn!("following the OOM kills of {}: {e}", dir.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         Ok(Self {
             id: id.to_string(),
             bundle: bundle.to_path_buf(),
             container,
             cgroup_path,
+            oom_seen,
             spec: OnceCell::new(),
         })
     }
@@ -198,8 +219,9 @@ impl Ctr {
 
     /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`).
     pub fn oom_kills(&self) -> u64 {
+        let seen = self.oom_seen.as_ref().map_or(0, OomSeen::get);
         let Some(cg) = &self.cgroup_path else {
-            return 0;
+            return seen;
         };
         let rel = cg.strip_prefix("/").unwrap_or(cg);
         let candidates = [
@@ -214,17 +236,15 @@ impl Ctr {
             ),
         ];
         for (dir, file) in candidates {
-            if let Ok(text) = fs::read_to_string(dir.join(file)) {
-                let n = text
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("oom_kill "))
-                    .find_map(|v| v.trim().parse().ok());
-                if let Some(n) = n {
-                    return n;
-                }
+            if let Some(n) = fs::read_to_string(dir.join(file))
+                .ok()
+                .as_deref()
+                .and_then(oom_watch::oom_kill_count)
+            {
+                return n.max(seen);
             }
         }
-        0
+        seen
     }
 
     /// Deletes the container (SIGKILLs what is left in its cgroup, removes cgroups and state).

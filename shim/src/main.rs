@@ -11,6 +11,7 @@ mod exec_process;
 mod exitfile;
 mod frame;
 mod mem;
+mod oom_watch;
 mod proto;
 mod server;
 mod stream;

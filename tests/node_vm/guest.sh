@@ -130,10 +130,29 @@ lease_renewed_this_boot() {
   renew=$(kctl -n kube-node-lease get lease node-vm -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
   [ -n "$renew" ] && [ "$(date -d "$renew" +%s)" -gt "$(date -d "$(uptime -s)" +%s)" ]
 }
-# Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf.
+# The pod cgroups and pod init cgroups left, under either driver.
+pod_cgroups() {
+  find /sys/fs/cgroup/kubepods /sys/fs/cgroup/kubepods.slice \
+    \( -name 'pod*' -o -name '*-pod*.slice' -o -name 'berth-pod-init*' \) -type d 2>/dev/null
+}
+# Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf,
+# no unit of Berth's.
 node_empty() {
-  [ -z "$(bctl ps -aq)" ] && [ -z "$(bctl pods -q)" ] &&
-    [ -z "$(find /sys/fs/cgroup/kubepods \( -name 'pod*' -o -name berth-pod-init \) -type d 2>/dev/null)" ]
+  [ -z "$(bctl ps -aq)" ] && [ -z "$(bctl pods -q)" ] && [ -z "$(pod_cgroups)" ] &&
+    [ -z "$(systemctl list-units --all --no-legend 'berth-*.scope')" ]
+}
+# The cgroup driver berthd reports.
+berthd_driver() { bctl -o json info | jq -r '.info.berth | fromjson | .cgroupDriver'; }
+# Under the systemd driver, container $1 runs in its scope, whose limits systemd keeps across
+# a daemon-reload (it writes its units' properties again then).
+check_scope_limits() {
+  local unit=berth-$1.scope
+  systemctl is-active -q "$unit" || fail "no active unit $unit for container $1"
+  [ "$(systemctl show -P MemoryMax "$unit")" = 67108864 ] ||
+    fail "$unit has MemoryMax $(systemctl show -P MemoryMax "$unit")"
+  systemctl daemon-reload
+  check_limits "$1"
+  ok "container $1 in $unit; its limits kept across systemctl daemon-reload"
 }
 
 # The pod's checks, on either boot.
@@ -165,9 +184,13 @@ berth-default (enforce)" ] || fail "container $id and its exec run under '$v', w
   local init_cg
   init_cg=$(cat "/proc/$(pgrep -f '^berth-pod-init' | head -n1)/cgroup")
   case $init_cg in
-    0::/kubepods*/berth-pod-init) ok "pod init in its leaf cgroup ($init_cg)" ;;
+    0::/kubepods/*/berth-pod-init) ok "pod init in its leaf cgroup ($init_cg)" ;;
+    0::/kubepods.slice/*.slice/berth-pod-init-*.scope) ok "pod init in its scope ($init_cg)" ;;
     *) fail "pod init's cgroup is $init_cg" ;;
   esac
+  [ "$(berthd_driver)" = systemd ] || fail "berthd reports the cgroup driver '$(berthd_driver)'"
+  systemctl is-active -q "$(basename "${init_cg#0::}")" || fail "the pod init's scope is not active"
+  check_scope_limits "$id"
   echo "$id" >"id$phase"
 }
 
@@ -265,36 +288,58 @@ systemctl daemon-reload
 restart_berthd || fail "systemctl restart berthd (agent off)"
 wait_for 60 berthd_up || fail "berthd not active with the agent off"
 mkdir -p /etc/kubernetes/manifests /var/lib/kubelet
-cat >/var/lib/kubelet/config.yaml <<EOF
+# kubelet_config DRIVER: the standalone kubelet's configuration with that cgroup driver.
+kubelet_config() {
+  cat >/var/lib/kubelet/config.yaml <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: /etc/kubernetes/manifests
 fileCheckFrequency: 1s
 syncFrequency: 3s
-cgroupDriver: cgroupfs
+cgroupDriver: $1
 failSwapOn: false
 readOnlyPort: 0
 makeIPTablesUtilChains: false
 authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 EOF
-shared_pod kube kmain >/etc/kubernetes/manifests/kube.yaml
+}
 sock=unix:///run/berth/berth.sock
-systemd-run --unit kubelet /mnt/share/kubelet --config=/var/lib/kubelet/config.yaml \
-  --container-runtime=remote --container-runtime-endpoint=$sock --image-service-endpoint=$sock \
-  --runtime-request-timeout=2m --v=2 || fail "starting the kubelet"
-if ! wait_for 180 has_running kmain; then
-  journalctl -b -u kubelet --no-pager | tail -40
-  fail "the kubelet's static pod is not running"
-fi
-check_limits "$(running_id kmain)"
-ok "the stock kubelet 1.20 (cgroupfs driver) runs its static pod on Berth with its limits"
-rm /etc/kubernetes/manifests/kube.yaml
-if ! wait_for 120 node_empty; then
-  journalctl -b -u kubelet --no-pager | tail -40
-  fail "the kubelet's pod not removed: $(find /sys/fs/cgroup/kubepods -type d)"
-fi
-ok "the kubelet's pod removed, its cgroups too"
+start_kubelet() {
+  systemd-run --unit kubelet /mnt/share/kubelet --config=/var/lib/kubelet/config.yaml \
+    --container-runtime=remote --container-runtime-endpoint=$sock --image-service-endpoint=$sock \
+    --runtime-request-timeout=2m --v=2 || fail "starting the kubelet"
+}
+# kube_pod DRIVER: the kubelet runs a static pod with limits, then removes it and its cgroups.
+kube_pod() {
+  shared_pod kube kmain >/etc/kubernetes/manifests/kube.yaml
+  if ! wait_for 180 has_running kmain; then
+    journalctl -b -u kubelet --no-pager | tail -40
+    fail "the kubelet's static pod is not running ($1 driver)"
+  fi
+  check_limits "$(running_id kmain)"
+  [ "$1" = cgroupfs ] || check_scope_limits "$(running_id kmain)"
+  ok "the stock kubelet 1.20 ($1 driver) runs its static pod on Berth with its limits"
+  rm /etc/kubernetes/manifests/kube.yaml
+  if ! wait_for 120 node_empty; then
+    journalctl -b -u kubelet --no-pager | tail -40
+    fail "the kubelet's pod not removed ($1 driver): $(pod_cgroups) $(systemctl list-units --all --no-legend 'berth-*')"
+  fi
+  ok "the kubelet's pod removed, its cgroups too ($1 driver)"
+}
+# The systemd driver on both sides (berthd's default here), then cgroupfs on both.
+kubelet_config systemd
+start_kubelet
+kube_pod systemd
+systemctl stop kubelet
+printf '[runtime]\ncgroup_driver = "cgroupfs"\n' >/etc/berth/config.d/driver.toml
+restart_berthd || fail "systemctl restart berthd (cgroupfs driver)"
+wait_for 60 berthd_up || fail "berthd not active with the cgroupfs driver"
+[ "$(berthd_driver)" = cgroupfs ] || fail "berthd reports the cgroup driver '$(berthd_driver)'"
+kubelet_config cgroupfs
+systemctl reset-failed kubelet 2>/dev/null || true
+start_kubelet
+kube_pod cgroupfs
 load_test_profile
 confined_pod kconfined kcmain annotation >/etc/kubernetes/manifests/kconfined.yaml
 if ! wait_for 180 has_running kcmain; then
