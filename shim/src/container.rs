@@ -41,6 +41,10 @@ pub struct Ctr {
     /// Under the systemd driver, the OOM kills seen while the scope lived (systemd removes it,
     /// and its `memory.events`, once the last process is gone).
     oom_seen: Option<OomSeen>,
+    /// Under the systemd driver, the parent's `memory.events` and its `oom_kill` count when the
+    /// container was made: the parent (the pod's slice) outlives the scope and counts the OOM
+    /// kills of everything below it.
+    oom_parent: Option<(PathBuf, u64)>,
     /// The bundle's spec, once an exec has read it.
     spec: OnceCell<Spec>,
 }
@@ -95,25 +99,25 @@ impl Ctr {
         } else {
             container.spec().ok().map(|c| c.cgroup_path)
         };
-        let oom_seen = match (&cgroup_path, args.systemd_cgroup) {
-            (Some(cg), true) => {
-                let dir = Path::new(V2_ROOT).join(cg.strip_prefix("/").unwrap_or(cg));
-                match oom_watch::watch(&dir) {
-                    Ok(seen) => Some(seen),
-                    Err(e) => {
-                        tracing::warn!("following the OOM kills of {}: {e}", dir.display());
-                        None
-                    }
-                }
+        let (mut oom_seen, mut oom_parent) = (None, None);
+        if let (Some(cg), true) = (&cgroup_path, args.systemd_cgroup) {
+            let dir = Path::new(V2_ROOT).join(cg.strip_prefix("/").unwrap_or(cg));
+            match oom_watch::watch(&dir) {
+                Ok(seen) => oom_seen = Some(seen),
+                Err(e) => tracing::warn!("following the OOM kills of {}: {e}", dir.display()),
             }
-            _ => None,
-        };
+            oom_parent = dir.parent().map(|p| p.join("memory.events")).and_then(|f| {
+                let n = oom_watch::read_count(&f)?;
+                Some((f, n))
+            });
+        }
         Ok(Self {
             id: id.to_string(),
             bundle: bundle.to_path_buf(),
             container,
             cgroup_path,
             oom_seen,
+            oom_parent,
             spec: OnceCell::new(),
         })
     }
@@ -217,9 +221,21 @@ impl Ctr {
         }
     }
 
-    /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`).
-    pub fn oom_kills(&self) -> u64 {
+    /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`). Under the
+    /// systemd driver the scope may be gone by the time the init's exit is seen: then the kills
+    /// seen while it lived count, and, for an init ended by SIGKILL (`sigkilled`), the kills its
+    /// parent counted since the container was made.
+    pub fn oom_kills(&self, sigkilled: bool) -> u64 {
         let seen = self.oom_seen.as_ref().map_or(0, OomSeen::get);
+        if seen > 0 {
+            return seen;
+        }
+        let parent = || match &self.oom_parent {
+            Some((file, base)) if sigkilled => {
+                oom_watch::read_count(file).map_or(0, |n| n.saturating_sub(*base))
+            }
+            _ => 0,
+        };
         let Some(cg) = &self.cgroup_path else {
             return seen;
         };
@@ -241,10 +257,10 @@ impl Ctr {
                 .as_deref()
                 .and_then(oom_watch::oom_kill_count)
             {
-                return n.max(seen);
+                return n;
             }
         }
-        seen
+        parent()
     }
 
     /// Deletes the container (SIGKILLs what is left in its cgroup, removes cgroups and state).

@@ -72,12 +72,16 @@ fn follow(inotify: Inotify, file: PathBuf, seen: OomSeen) {
     }
 }
 
-fn read_into(file: &Path, seen: &OomSeen) {
-    if let Some(n) = fs::read_to_string(file)
+/// The `oom_kill` count of the `memory.events` file `file`, if it can be read.
+pub fn read_count(file: &Path) -> Option<u64> {
+    fs::read_to_string(file)
         .ok()
         .as_deref()
         .and_then(oom_kill_count)
-    {
+}
+
+fn read_into(file: &Path, seen: &OomSeen) {
+    if let Some(n) = read_count(file) {
         seen.record(n);
     }
 }

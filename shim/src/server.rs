@@ -405,6 +405,8 @@ impl Shim {
     /// Records the init's exit: drains output, writes the exit file, answers waiters.
     fn init_exited(&mut self, code: i32) {
         let exited_at = timefmt::now();
+        // Read first: under the systemd driver the scope (and its count) goes away soon.
+        let oom_killed = self.ctr.oom_kills(code == 128 + libc::SIGKILL) > 0;
         // Output written before the exit is still in the pipes: log it first, an unterminated
         // last line included (as a P record), so the log is complete by the time the exit is
         // reported (the kubelet reads it at once for a FallbackToLogsOnError message).
@@ -419,7 +421,7 @@ impl Shim {
         let info = ExitInfo {
             exit_code: code,
             exited_at,
-            oom_killed: self.ctr.oom_kills() > 0,
+            oom_killed,
         };
         self.streams.container_exited();
         if let Err(e) = info.write_atomic(&self.args.exit_file) {

@@ -57,7 +57,8 @@ pub struct LifecycleArgs {
     /// the runtime provides.
     #[arg(long)]
     pub share_pid: bool,
-    /// Pod i gets the cgroup parent PREFIX/podI (default: none, the runtime's default).
+    /// Pod i gets the cgroup parent PREFIX/podI, or for a systemd slice PREFIX (`x.slice`) the
+    /// slice `x-podI.slice` (default: none, the runtime's default).
     #[arg(long)]
     pub cgroup_parent: Option<String>,
     /// Directory for the pods' logs (default: a temporary one, removed at the end).
@@ -122,7 +123,7 @@ impl Plan {
                 cgroup_parent: self
                     .cgroup_parent
                     .as_ref()
-                    .map(|p| format!("{}/pod{i}", p.trim_end_matches('/')))
+                    .map(|p| pod_cgroup_parent(p, i))
                     .unwrap_or_default(),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {
@@ -344,6 +345,14 @@ pub async fn pull(client: &CriClient, image: &str) -> anyhow::Result<String> {
         .with_context(|| format!("pulling {image}"))?
         .into_inner()
         .image_ref)
+}
+
+/// Pod `i`'s cgroup parent below `prefix`: a path below a path, a slice below a slice.
+fn pod_cgroup_parent(prefix: &str, i: usize) -> String {
+    match prefix.strip_suffix(".slice") {
+        Some(base) if !prefix.contains('/') => format!("{base}-pod{i}.slice"),
+        _ => format!("{}/pod{i}", prefix.trim_end_matches('/')),
+    }
 }
 
 pub async fn lifecycle(client: &CriClient, args: LifecycleArgs, json: bool) -> anyhow::Result<()> {
@@ -645,6 +654,12 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_cgroup_parents_follow_the_prefix_form() {
+        assert_eq!(pod_cgroup_parent("/bench/", 3), "/bench/pod3");
+        assert_eq!(pod_cgroup_parent("bench.slice", 3), "bench-pod3.slice");
+    }
 
     #[test]
     fn nearest_rank_percentiles() -> anyhow::Result<()> {
