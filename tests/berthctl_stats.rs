@@ -1,5 +1,5 @@
 //! `berthctl stats` against real containers: a busy one shows its CPU use, and the bytes one
-//! writes to its writable layer show as its disk use.
+//! writes to its writable layer show as its disk use; `berthctl update` changes a limit.
 
 mod common;
 
@@ -76,5 +76,40 @@ async fn stats_show_cpu_memory_and_disk_per_container() {
         .expect("berthctl stats");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("busy") && text.contains("writer"), "{text}");
+    // `berthctl update` changes the limit given and keeps the others.
+    let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("-r")
+        .arg(d.socket())
+        .args(["update", "--memory", "100663296", &writer])
+        .output()
+        .expect("berthctl update");
+    assert!(out.status.success(), "{out:?}");
+    let status = c
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: writer.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status");
+    let linux = status
+        .resources
+        .and_then(|r| r.linux)
+        .expect("the limits in force");
+    assert_eq!(linux.memory_limit_in_bytes, 100663296, "{linux:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("-r")
+        .arg(d.socket())
+        .args(["update", "--memory=-5", &writer])
+        .output()
+        .expect("berthctl update");
+    assert!(!out.status.success(), "a negative limit is refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&writer),
+        "{out:?}"
+    );
     remove_pod(&c, &pod).await;
 }

@@ -158,6 +158,7 @@ fn static_pod_survives_restart_and_reboot_on_systemd_and_cgroup_v2() {
         "ok: private cgroup namespace",
         "ok: pod init in its scope",
         "its limits kept across systemctl daemon-reload",
+        "ok: an updated limit of",
         "ok: container kept across systemctl restart berthd",
         "ok: a container past its memory limit ends OOMKilled",
         "ok: the pre-reboot container reported ended",

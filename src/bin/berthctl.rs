@@ -157,6 +157,24 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Change the resources of created or running containers (UpdateContainerResources); only
+    /// the limits given change.
+    Update {
+        /// Memory limit in bytes.
+        #[arg(long)]
+        memory: Option<i64>,
+        /// CPU CFS quota in microseconds per period.
+        #[arg(long)]
+        cpu_quota: Option<i64>,
+        /// CPU CFS period in microseconds.
+        #[arg(long)]
+        cpu_period: Option<i64>,
+        /// CPU shares (relative weight).
+        #[arg(long)]
+        cpu_shares: Option<i64>,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Remove containers.
     Rm {
         #[arg(required = true)]
@@ -567,6 +585,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stop { stop_timeout, ids } => {
             pods::each(&ids, json, "stopping", |id| {
                 pods::stop(&client, id, stop_timeout)
+            })
+            .await?;
+        }
+        Command::Update {
+            memory,
+            cpu_quota,
+            cpu_period,
+            cpu_shares,
+            ids,
+        } => {
+            let resources = cri::LinuxContainerResources {
+                memory_limit_in_bytes: memory.unwrap_or_default(),
+                cpu_quota: cpu_quota.unwrap_or_default(),
+                cpu_period: cpu_period.unwrap_or_default(),
+                cpu_shares: cpu_shares.unwrap_or_default(),
+                ..Default::default()
+            };
+            pods::each(&ids, json, "updating", |id| {
+                pods::update(&client, id, resources.clone())
             })
             .await?;
         }

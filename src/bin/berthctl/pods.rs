@@ -88,6 +88,21 @@ pub async fn stop(c: &CriClient, id: String, timeout: i64) -> Result<(), tonic::
         .map(drop)
 }
 
+pub async fn update(
+    c: &CriClient,
+    id: String,
+    linux: cri::LinuxContainerResources,
+) -> Result<(), tonic::Status> {
+    c.runtime()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: id,
+            linux: Some(linux),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
 pub async fn remove(c: &CriClient, id: String) -> Result<(), tonic::Status> {
     c.runtime()
         .remove_container(cri::RemoveContainerRequest { container_id: id })
