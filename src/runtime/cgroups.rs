@@ -250,16 +250,35 @@ pub fn remove(created: &[PathBuf]) {
 /// Kills every process left in `cgroup_path` and removes its directories (a container cgroup
 /// whose shim is gone). Absent is fine; a cgroup still busy after 1 s is logged and left.
 pub fn kill_and_remove(layout: &Layout, cgroup_path: &str) {
+    kill_all(layout, cgroup_path, true);
+}
+
+/// Kills every process in `cgroup_path` until none is left (at most 1 s), keeping the
+/// directories: a systemd unit's cgroup, which systemd removes as it stops the unit.
+pub fn kill_all_processes(layout: &Layout, cgroup_path: &str) {
+    kill_all(layout, cgroup_path, false);
+}
+
+fn kill_all(layout: &Layout, cgroup_path: &str, remove_dirs: bool) {
     for dir in layout.dirs(cgroup_path) {
         for attempt in 0..100 {
             let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
                 Ok(p) => p,
                 Err(_) => break, // gone (or never made in this hierarchy)
             };
+            let mut any = false;
             for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
                 if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    any = true;
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 }
+            }
+            if !remove_dirs {
+                if !any {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
             }
             match std::fs::remove_dir(&dir) {
                 Ok(()) => break,

@@ -805,11 +805,16 @@ impl ContainerManager {
         if let Some(cgroup) = bundle_cgroup(&rec.bundle)
             && let Ok(layout) = super::cgroups::Layout::detect()
         {
-            super::cgroups::kill_and_remove(&layout, &cgroup);
-            if let super::cgroups::Layout::V2(root) = &layout
-                && super::cgroup_driver::current() == super::cgroup_driver::CgroupDriver::Systemd
-            {
-                super::systemd_units::stop_if_unused(root, &cgroup);
+            match &layout {
+                // A scope: systemd stops it once empty (and its cgroup with it).
+                super::cgroups::Layout::V2(root)
+                    if super::cgroup_driver::current()
+                        == super::cgroup_driver::CgroupDriver::Systemd =>
+                {
+                    super::cgroups::kill_all_processes(&layout, &cgroup);
+                    super::systemd_units::stop_if_unused(root, &cgroup);
+                }
+                _ => super::cgroups::kill_and_remove(&layout, &cgroup),
             }
         }
     }

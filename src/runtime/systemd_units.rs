@@ -75,6 +75,10 @@ pub fn stop_if_unused(root: &Path, dir: &str) {
         return;
     };
     let full = root.join(dir.trim_start_matches('/'));
+    if !full.exists() {
+        // An active slice or scope always has its cgroup: this one is stopped already.
+        return;
+    }
     // The scopes of processes just killed go away as systemd sees them empty: wait for those.
     let mut polls = 0;
     loop {
@@ -144,5 +148,35 @@ fn cgroup_use(dir: &Path) -> Use {
         Use::Settling
     } else {
         Use::InUse
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unit_is_unused_settling_or_in_use_by_what_its_cgroup_holds() {
+        let dir = std::env::temp_dir().join(format!("berth-units-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("cgroup.procs"), "").expect("procs");
+        assert!(matches!(cgroup_use(&dir), Use::Unused));
+        assert!(matches!(cgroup_use(&dir.join("absent")), Use::Unused));
+        // An empty scope below: systemd is taking it away.
+        let scope = dir.join("berth-pod-init-1.scope");
+        std::fs::create_dir(&scope).expect("scope");
+        std::fs::write(scope.join("cgroup.procs"), "").expect("procs");
+        assert!(matches!(cgroup_use(&dir), Use::Settling));
+        // A process in it, or a slice below: in use.
+        std::fs::write(scope.join("cgroup.procs"), "42\n").expect("procs");
+        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        std::fs::write(scope.join("cgroup.procs"), "").expect("procs");
+        std::fs::create_dir(dir.join("x-pod1.slice")).expect("slice");
+        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        std::fs::remove_dir(dir.join("x-pod1.slice")).expect("rm");
+        std::fs::write(dir.join("cgroup.procs"), "7\n").expect("procs");
+        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
