@@ -45,8 +45,8 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeSection {
     /// The cgroup driver: "systemd" (pod slices and container scopes made through systemd; CRI
-    /// cgroup parents are slice names such as `kubepods-burstable-pod<uid>.slice`; pure cgroup
-    /// v2 only), "cgroupfs" (cgroup directories made by Berth; parents are paths such as
+    /// cgroup parents are slices such as `kubepods-burstable-pod<uid>.slice`, by name or path;
+    /// pure cgroup v2 only), "cgroupfs" (cgroup directories made by Berth; parents are paths such as
     /// `/kubepods/burstable/pod<uid>`), or "auto" (the default: systemd where systemd is the
     /// init and the hierarchy is pure cgroup v2, else cgroupfs). The kubelet's `cgroupDriver`
     /// must be the same.

@@ -84,18 +84,31 @@ impl CgroupDriver {
             return Ok(String::new());
         }
         match self {
-            Self::Cgroupfs if is_slice_name(parent) => Err(format!(
+            Self::Cgroupfs if names_a_slice(parent) => Err(format!(
                 "cgroup parent {parent:?} is a systemd slice name, but berthd uses the cgroupfs driver: give a cgroup path, or set runtime.cgroup_driver = \"systemd\" (the kubelet's cgroupDriver must match berthd's)"
             )),
             Self::Cgroupfs => {
                 super::cgroups::validate_path(parent)?;
                 Ok(parent.to_string())
             }
-            Self::Systemd => expand_slice(parent).map_err(|why| {
-                format!(
-                    "cgroup parent {parent:?}: berthd uses the systemd cgroup driver, which takes a slice name such as kubepods-burstable-pod1.slice ({why}; the kubelet's cgroupDriver must match berthd's)"
-                )
-            }),
+            Self::Systemd => {
+                let refuse = |why: String| {
+                    format!(
+                        "cgroup parent {parent:?}: berthd uses the systemd cgroup driver, which takes a slice (kubepods-burstable-pod1.slice, or its path /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice) ({why}; the kubelet's cgroupDriver must match berthd's)"
+                    )
+                };
+                // The kubelet sends the slice's path; other clients its name.
+                let name = parent
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(parent);
+                let path = expand_slice(name).map_err(refuse)?;
+                if parent.contains('/') && path != format!("/{}", parent.trim_matches('/')) {
+                    return Err(refuse(format!("the slice {name} is at {path}")));
+                }
+                Ok(path)
+            }
         }
     }
 
@@ -141,9 +154,13 @@ pub fn set(driver: CgroupDriver) {
 
 static DRIVER: OnceLock<CgroupDriver> = OnceLock::new();
 
-/// Whether `name` has the form of a systemd slice name (not a cgroup path).
-pub fn is_slice_name(name: &str) -> bool {
-    !name.contains('/') && name.ends_with(".slice")
+/// Whether `parent` names a systemd slice: its name, or a path ending in one.
+pub fn names_a_slice(parent: &str) -> bool {
+    parent
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .is_some_and(|last| last.ends_with(".slice"))
 }
 
 /// The cgroup path of the slice `name`: systemd nests slices by their dashes, so
@@ -250,6 +267,22 @@ mod tests {
             "{err}"
         );
         assert!(fs.pod_cgroup("/kubepods/../etc").is_err());
+        let err = fs
+            .pod_cgroup("/kubepods.slice/kubepods-pod1.slice")
+            .expect_err("a slice's path under cgroupfs");
+        assert!(err.contains("cgroupfs"), "{err}");
+        // The kubelet 1.20 with cgroupDriver: systemd sends the slice's path.
+        assert_eq!(
+            sd.pod_cgroup(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice"
+            )
+            .as_deref(),
+            Ok("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice")
+        );
+        let err = sd
+            .pod_cgroup("/elsewhere/kubepods-podx.slice")
+            .expect_err("a slice where systemd would not put it");
+        assert!(err.contains("/kubepods.slice/kubepods-podx.slice"), "{err}");
         assert_eq!(
             sd.pod_cgroup("kubepods-besteffort-podx.slice").as_deref(),
             Ok("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice")
