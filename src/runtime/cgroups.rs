@@ -230,6 +230,41 @@ fn inherit_cpuset(dir: &Path) {
     }
 }
 
+/// Makes a cgroup v2 `controller` available in `cgroup_path` by enabling it in the
+/// `cgroup.subtree_control` of each ancestor, from the root down, where it is not yet: under the
+/// systemd driver, for the controllers systemd does not manage (hugetlb), as runc does.
+pub fn enable_in_ancestors(
+    root: &Path,
+    cgroup_path: &str,
+    controller: &str,
+) -> std::io::Result<()> {
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = cgroup_path.split('/').filter(|p| !p.is_empty()).collect();
+    for part in parts
+        .iter()
+        .take(parts.len().saturating_sub(1))
+        .copied()
+        .chain([""])
+    {
+        let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+        if !enabled.split_whitespace().any(|c| c == controller) {
+            std::fs::write(dir.join("cgroup.subtree_control"), format!("+{controller}")).map_err(
+                |e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("enabling {controller} below {}: {e}", dir.display()),
+                    )
+                },
+            )?;
+        }
+        if part.is_empty() {
+            break;
+        }
+        dir.push(part);
+    }
+    Ok(())
+}
+
 /// Removes cgroup directories Berth created (deepest first); busy or absent ones are left.
 pub fn remove(created: &[PathBuf]) {
     let mut dirs: Vec<&PathBuf> = created.iter().collect();
@@ -359,6 +394,32 @@ mod tests {
             .expect_err("a limit above 0 without hugetlb");
         assert_eq!(field, "hugepage_limits[1]");
         assert!(why.contains("1GB") && why.contains("hugetlb"), "{why}");
+    }
+
+    #[test]
+    fn a_controller_is_enabled_from_the_root_down_to_the_parent() {
+        let root = std::env::temp_dir().join(format!("berth-cg-enable-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let scope = root.join("a.slice/a-b.slice/x.scope");
+        std::fs::create_dir_all(&scope).expect("mkdir");
+        for d in [
+            root.clone(),
+            root.join("a.slice"),
+            root.join("a.slice/a-b.slice"),
+            scope.clone(),
+        ] {
+            std::fs::write(d.join("cgroup.subtree_control"), "cpu memory\n").expect("write");
+        }
+        // Already enabled at the root: left as it is.
+        std::fs::write(root.join("cgroup.subtree_control"), "cpu hugetlb\n").expect("write");
+        enable_in_ancestors(&root, "/a.slice/a-b.slice/x.scope", "hugetlb").expect("enable");
+        let read =
+            |d: &Path| std::fs::read_to_string(d.join("cgroup.subtree_control")).expect("read");
+        assert_eq!(read(&root), "cpu hugetlb\n");
+        assert_eq!(read(&root.join("a.slice")), "+hugetlb");
+        assert_eq!(read(&root.join("a.slice/a-b.slice")), "+hugetlb");
+        assert_eq!(read(&scope), "cpu memory\n", "not in the leaf itself");
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -495,6 +495,13 @@ pub fn write_created_resources(
     let Some(cgroup) = cgroups_path(&spec) else {
         return Ok(());
     };
+    if let Layout::V2(root) = layout
+        && !r.hugepage_limits.is_empty()
+        && layout.has_controller("hugetlb")
+    {
+        super::cgroups::enable_in_ancestors(root, &cgroup, "hugetlb")
+            .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))?;
+    }
     for w in &plan(layout, &cgroup, r, r, &read_file)? {
         apply(id, w)?;
     }
