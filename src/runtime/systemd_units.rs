@@ -82,9 +82,9 @@ pub fn stop_if_unused(root: &Path, dir: &str) {
     // The scopes of processes just killed go away as systemd sees them empty: wait for those.
     let mut polls = 0;
     loop {
-        match cgroup_use(&full) {
-            Use::Unused => break,
-            Use::Settling if polls < SETTLE_POLLS => {
+        match occupancy(&full) {
+            Occupancy::Empty => break,
+            Occupancy::Emptying if polls < SETTLE_POLLS => {
                 polls += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -111,28 +111,28 @@ pub fn stop_if_unused(root: &Path, dir: &str) {
     }
 }
 
-/// What runs in a unit's cgroup.
-enum Use {
+/// What a unit's cgroup holds.
+enum Occupancy {
     /// No process, no cgroup below (or no cgroup at all).
-    Unused,
+    Empty,
     /// No process; below it only scopes without processes, which systemd is removing.
-    Settling,
+    Emptying,
     /// Processes, or cgroups below with processes or of their own below.
-    InUse,
+    Busy,
 }
 
 /// What runs in the cgroup at `dir`.
-fn cgroup_use(dir: &Path) -> Use {
+fn occupancy(dir: &Path) -> Occupancy {
     let empty = |d: &Path| {
         std::fs::read_to_string(d.join("cgroup.procs"))
             .map(|p| p.trim().is_empty())
             .unwrap_or(true)
     };
     if !empty(dir) {
-        return Use::InUse;
+        return Occupancy::Busy;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Use::Unused;
+        return Occupancy::Empty;
     };
     let children: Vec<PathBuf> = entries
         .filter_map(Result::ok)
@@ -140,14 +140,14 @@ fn cgroup_use(dir: &Path) -> Use {
         .filter(|p| p.is_dir())
         .collect();
     if children.is_empty() {
-        Use::Unused
+        Occupancy::Empty
     } else if children
         .iter()
         .all(|c| c.extension().is_some_and(|e| e == "scope") && empty(c))
     {
-        Use::Settling
+        Occupancy::Emptying
     } else {
-        Use::InUse
+        Occupancy::Busy
     }
 }
 
@@ -156,27 +156,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_unit_is_unused_settling_or_in_use_by_what_its_cgroup_holds() {
+    fn a_units_cgroup_is_empty_emptying_or_busy_by_what_it_holds() {
         let dir = std::env::temp_dir().join(format!("berth-units-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("cgroup.procs"), "").expect("procs");
-        assert!(matches!(cgroup_use(&dir), Use::Unused));
-        assert!(matches!(cgroup_use(&dir.join("absent")), Use::Unused));
+        assert!(matches!(occupancy(&dir), Occupancy::Empty));
+        assert!(matches!(occupancy(&dir.join("absent")), Occupancy::Empty));
         // An empty scope below: systemd is taking it away.
         let scope = dir.join("berth-pod-init-1.scope");
         std::fs::create_dir(&scope).expect("scope");
         std::fs::write(scope.join("cgroup.procs"), "").expect("procs");
-        assert!(matches!(cgroup_use(&dir), Use::Settling));
+        assert!(matches!(occupancy(&dir), Occupancy::Emptying));
         // A process in it, or a slice below: in use.
         std::fs::write(scope.join("cgroup.procs"), "42\n").expect("procs");
-        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        assert!(matches!(occupancy(&dir), Occupancy::Busy));
         std::fs::write(scope.join("cgroup.procs"), "").expect("procs");
         std::fs::create_dir(dir.join("x-pod1.slice")).expect("slice");
-        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        assert!(matches!(occupancy(&dir), Occupancy::Busy));
         std::fs::remove_dir(dir.join("x-pod1.slice")).expect("rm");
         std::fs::write(dir.join("cgroup.procs"), "7\n").expect("procs");
-        assert!(matches!(cgroup_use(&dir), Use::InUse));
+        assert!(matches!(occupancy(&dir), Occupancy::Busy));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
