@@ -84,18 +84,9 @@ async fn stats_show_cpu_memory_and_disk_per_container() {
         .output()
         .expect("berthctl update");
     assert!(out.status.success(), "{out:?}");
-    let status = c
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: writer.clone(),
-            verbose: false,
-        })
+    let linux = container_status(&c, &writer)
         .await
         .expect("status")
-        .into_inner()
-        .status
-        .expect("status");
-    let linux = status
         .resources
         .and_then(|r| r.linux)
         .expect("the limits in force");

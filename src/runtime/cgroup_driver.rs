@@ -198,10 +198,15 @@ pub fn expand_slice(name: &str) -> Result<String, String> {
     Ok(path)
 }
 
+/// Whether an OCI `linux.cgroupsPath` is the systemd driver's `<slice>:<prefix>:<name>`.
+pub fn names_a_scope(cgroups_path: &str) -> bool {
+    !cgroups_path.starts_with('/') && cgroups_path.contains(':')
+}
+
 /// The cgroup path of an OCI `linux.cgroupsPath` in either driver's form: a path as is,
 /// `<slice>:<prefix>:<name>` as the path of the scope `<prefix>-<name>.scope` in that slice.
 pub fn cgroups_path_to_dir(cgroups_path: &str) -> Option<String> {
-    if cgroups_path.starts_with('/') || !cgroups_path.contains(':') {
+    if !names_a_scope(cgroups_path) {
         return Some(cgroups_path.to_string());
     }
     let mut parts = cgroups_path.splitn(3, ':');

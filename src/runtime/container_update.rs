@@ -457,7 +457,7 @@ pub async fn set_unit_resources(
     let (Some(path), Layout::V2(root)) = (oci_cgroups_path(spec), layout) else {
         return Ok(());
     };
-    if path.starts_with('/') || !path.contains(':') {
+    if !super::cgroup_driver::names_a_scope(path) {
         return Ok(());
     }
     let resources: oci_spec::runtime::LinuxResources = spec
@@ -489,7 +489,7 @@ pub fn write_created_resources(
     let Some(oci) = oci_cgroups_path(&spec) else {
         return Ok(());
     };
-    if oci.starts_with('/') || !oci.contains(':') {
+    if !super::cgroup_driver::names_a_scope(oci) {
         return Ok(());
     }
     let Some(cgroup) = cgroups_path(&spec) else {
