@@ -1,5 +1,6 @@
 //! `berthctl stats` against real containers: a busy one shows its CPU use, and the bytes one
-//! writes to its writable layer show as its disk use; `berthctl update` changes a limit.
+//! writes to its writable layer show as its disk use; `berthctl update` changes a limit;
+//! `berthctl metricsp` shows the pod's CRI metrics, labelled.
 
 mod common;
 
@@ -101,6 +102,27 @@ async fn stats_show_cpu_memory_and_disk_per_container() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&writer),
         "{out:?}"
+    );
+    // `berthctl metricsp` gives the busy container's CPU time, labelled with its name.
+    let out = Command::new(env!("CARGO_BIN_EXE_berthctl"))
+        .arg("-r")
+        .arg(d.socket())
+        .args(["-o", "json", "metricsp", &pod[..8]])
+        .output()
+        .expect("berthctl metricsp");
+    assert!(out.status.success(), "{out:?}");
+    let series: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let cpu = series
+        .iter()
+        .find(|s| {
+            s["container"] == busy.as_str() && s["name"] == "container_cpu_usage_seconds_total"
+        })
+        .unwrap_or_else(|| panic!("busy's CPU time in {series:?}"));
+    assert!(cpu["value"].as_u64().unwrap_or(0) > 0, "{cpu}");
+    assert_eq!(cpu["labels"]["container"], "busy", "{cpu}");
+    assert!(
+        series.iter().all(|s| s["pod"] == pod.as_str()),
+        "only the pod's series"
     );
     remove_pod(&c, &pod).await;
 }

@@ -16,6 +16,8 @@ mod exec;
 mod image;
 #[path = "berthctl/logs.rs"]
 mod logs;
+#[path = "berthctl/metrics.rs"]
+mod metrics;
 #[path = "berthctl/pods.rs"]
 mod pods;
 #[path = "berthctl/port_forward.rs"]
@@ -216,6 +218,12 @@ enum Command {
     Attach(exec::AttachArgs),
     /// Forward local ports to a pod's ports (`LOCAL:REMOTE`), until interrupted.
     PortForward(port_forward::PortForwardArgs),
+    /// The CRI metrics of pods and their containers (every pod, or those whose ids begin
+    /// with the ones given), one series per line.
+    Metricsp {
+        /// Pod sandbox ids or prefixes.
+        pods: Vec<String>,
+    },
     /// Follow the runtime's container events (created, started, stopped, deleted) as lines.
     Events,
     /// CPU, memory and disk use per container (`--watch` refreshes it).
@@ -628,6 +636,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logs(args) => logs::logs(&client, args).await?,
         Command::Stats(args) => stats::stats(&client, args, json).await?,
         Command::Events => events::follow(&client, json).await?,
+        Command::Metricsp { pods } => metrics::metricsp(&client, &pods, json).await?,
         Command::PortForward(args) => port_forward::forward(&client, args).await?,
         Command::Attach(args) => {
             let code = exec::attach(&client, args).await?;
