@@ -6,7 +6,7 @@
 
 use std::cell::OnceCell;
 use std::fs;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use libcontainer::container::Container;
@@ -19,7 +19,7 @@ use nix::unistd::Pid;
 
 use crate::args::Args;
 use crate::error::{IoContext, ShimError};
-use crate::oom_watch::{self, OomSeen};
+use crate::oom_watch::{self, OomWatch};
 use crate::{enter, exec_process};
 
 /// Where a pure cgroup v2 hierarchy is mounted (the systemd driver runs on nothing else).
@@ -40,7 +40,7 @@ pub struct Ctr {
     cgroup_path: Option<PathBuf>,
     /// Under the systemd driver, the OOM kills seen while the scope lived (systemd removes it,
     /// and its `memory.events`, once the last process is gone).
-    oom_seen: Option<OomSeen>,
+    oom_watch: Option<OomWatch>,
     /// Under the systemd driver, the parent's `memory.events` and its `oom_kill` count when the
     /// container was made: the parent (the pod's slice) outlives the scope and counts the OOM
     /// kills of everything below it.
@@ -99,11 +99,11 @@ impl Ctr {
         } else {
             container.spec().ok().map(|c| c.cgroup_path)
         };
-        let (mut oom_seen, mut oom_parent) = (None, None);
+        let (mut oom_watch, mut oom_parent) = (None, None);
         if let (Some(cg), true) = (&cgroup_path, args.systemd_cgroup) {
             let dir = Path::new(V2_ROOT).join(cg.strip_prefix("/").unwrap_or(cg));
-            match oom_watch::watch(&dir) {
-                Ok(seen) => oom_seen = Some(seen),
+            match OomWatch::new(&dir) {
+                Ok(w) => oom_watch = Some(w),
                 Err(e) => tracing::warn!("following the OOM kills of {}: {e}", dir.display()),
             }
             oom_parent = dir.parent().map(|p| p.join("memory.events")).and_then(|f| {
@@ -116,7 +116,7 @@ impl Ctr {
             bundle: bundle.to_path_buf(),
             container,
             cgroup_path,
-            oom_seen,
+            oom_watch,
             oom_parent,
             spec: OnceCell::new(),
         })
@@ -221,12 +221,27 @@ impl Ctr {
         }
     }
 
+    /// The OOM watch's descriptor to poll, while the container's scope lives.
+    pub fn oom_poll_fd(&self) -> Option<RawFd> {
+        self.oom_watch.as_ref().and_then(OomWatch::poll_fd)
+    }
+
+    /// Reads the OOM-kill count after a change notification.
+    pub fn oom_changed(&mut self) {
+        if let Some(w) = &mut self.oom_watch {
+            w.refresh();
+        }
+    }
+
     /// The cgroup's OOM-kill counter (v1 `memory.oom_control`, v2 `memory.events`). Under the
     /// systemd driver the scope may be gone by the time the init's exit is seen: then the kills
     /// seen while it lived count, and, for an init ended by SIGKILL (`sigkilled`), the kills its
     /// parent counted since the container was made.
-    pub fn oom_kills(&self, sigkilled: bool) -> u64 {
-        let seen = self.oom_seen.as_ref().map_or(0, OomSeen::get);
+    pub fn oom_kills(&mut self, sigkilled: bool) -> u64 {
+        let seen = self.oom_watch.as_mut().map_or(0, |w| {
+            w.refresh();
+            w.seen()
+        });
         if seen > 0 {
             return seen;
         }

@@ -1,31 +1,13 @@
 //! The OOM-kill counter of a cgroup that may vanish before the exit is read: a systemd scope
 //! is removed by systemd as soon as its last process is gone, taking `memory.events` with it.
-//! A thread follows the file's change notifications and keeps the highest `oom_kill` seen.
+//! The file's change notifications (inotify) are one more descriptor of the shim's poll loop,
+//! which reads the count at each one and keeps the highest seen; the shim stays one thread.
 
 use std::fs;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-
-/// The watcher's thread stack: it reads one small file per notification.
-const STACK: usize = 64 * 1024;
-
-/// The highest `oom_kill` count seen in a cgroup v2 `memory.events`.
-#[derive(Clone, Default)]
-pub struct OomSeen(Arc<AtomicU64>);
-
-impl OomSeen {
-    /// The highest count seen so far.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    fn record(&self, n: u64) {
-        self.0.fetch_max(n, Ordering::Relaxed);
-    }
-}
 
 /// The `oom_kill` count in `memory.events` text.
 pub fn oom_kill_count(text: &str) -> Option<u64> {
@@ -34,40 +16,72 @@ pub fn oom_kill_count(text: &str) -> Option<u64> {
         .find_map(|v| v.trim().parse().ok())
 }
 
-/// Follows `<dir>/memory.events` until the cgroup is removed; the watch is in place before the
-/// first read, so no change is missed.
-pub fn watch(dir: &Path) -> std::io::Result<OomSeen> {
-    let file = dir.join("memory.events");
-    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)?;
-    inotify.add_watch(&file, AddWatchFlags::IN_MODIFY)?;
-    let seen = OomSeen::default();
-    read_into(&file, &seen);
-    let keep = seen.clone();
-    std::thread::Builder::new()
-        .name("oom-watch".into())
-        .stack_size(STACK)
-        .spawn(move || follow(inotify, file, keep))?;
-    Ok(seen)
+/// Follows one cgroup v2 `memory.events` until its cgroup is removed.
+pub struct OomWatch {
+    inotify: Inotify,
+    file: PathBuf,
+    seen: u64,
+    /// The cgroup is gone (or the watch was dropped): nothing more will come.
+    ended: bool,
 }
 
-fn follow(inotify: Inotify, file: PathBuf, seen: OomSeen) {
-    loop {
-        match inotify.read_events() {
-            Ok(events) => {
-                read_into(&file, &seen);
-                // The file's cgroup is gone (or the watch was dropped): nothing more to see.
-                if events
-                    .iter()
-                    .any(|e| e.mask.contains(AddWatchFlags::IN_IGNORED))
-                {
-                    return;
+impl OomWatch {
+    /// Watches `<dir>/memory.events`; the watch is in place before the first read, so no
+    /// change is missed.
+    pub fn new(dir: &Path) -> std::io::Result<Self> {
+        let file = dir.join("memory.events");
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)?;
+        inotify.add_watch(&file, AddWatchFlags::IN_MODIFY)?;
+        let mut w = Self {
+            inotify,
+            file,
+            seen: 0,
+            ended: false,
+        };
+        w.read();
+        Ok(w)
+    }
+
+    /// The descriptor to poll while the cgroup lives.
+    pub fn poll_fd(&self) -> Option<RawFd> {
+        (!self.ended).then(|| self.inotify.as_fd().as_raw_fd())
+    }
+
+    /// Takes the pending notifications and reads the count again; never blocks.
+    pub fn refresh(&mut self) {
+        if self.ended {
+            return;
+        }
+        loop {
+            match self.inotify.read_events() {
+                Ok(events) => {
+                    if events
+                        .iter()
+                        .any(|e| e.mask.contains(AddWatchFlags::IN_IGNORED))
+                    {
+                        self.ended = true;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => {
+                    tracing::warn!("following {}: {e}", self.file.display());
+                    self.ended = true;
+                    break;
                 }
             }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => {
-                tracing::warn!("following {}: {e}", file.display());
-                return;
-            }
+        }
+        self.read();
+    }
+
+    /// The highest count seen so far.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    fn read(&mut self) {
+        if let Some(n) = read_count(&self.file) {
+            self.seen = self.seen.max(n);
         }
     }
 }
@@ -78,12 +92,6 @@ pub fn read_count(file: &Path) -> Option<u64> {
         .ok()
         .as_deref()
         .and_then(oom_kill_count)
-}
-
-fn read_into(file: &Path, seen: &OomSeen) {
-    if let Some(n) = read_count(file) {
-        seen.record(n);
-    }
 }
 
 #[cfg(test)]
@@ -100,19 +108,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("berth-oom-watch-{}", std::process::id()));
         fs::create_dir_all(&dir).expect("dir");
         fs::write(dir.join("memory.events"), "oom_kill 0\n").expect("write");
-        let seen = watch(&dir).expect("watch");
-        assert_eq!(seen.get(), 0);
+        let mut w = OomWatch::new(&dir).expect("watch");
+        assert_eq!(w.seen(), 0);
+        let fd = w.poll_fd().expect("a descriptor to poll");
         fs::write(dir.join("memory.events"), "oom_kill 2\n").expect("write");
-        for _ in 0..200 {
-            if seen.get() == 2 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert_eq!(seen.get(), 2, "a change was followed");
-        // The file gone (as a removed cgroup's), the highest count stays.
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, 2000) };
+        assert_eq!(n, 1, "the change is reported to poll");
+        w.refresh();
+        assert_eq!(w.seen(), 2, "a change was followed");
+        // The file gone (as a removed cgroup's), the highest count stays and the watch ends.
         fs::remove_dir_all(&dir).expect("remove");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert_eq!(seen.get(), 2);
+        w.refresh();
+        assert_eq!(w.seen(), 2);
+        assert!(w.poll_fd().is_none(), "nothing left to poll");
     }
 }

@@ -104,6 +104,7 @@ enum Slot {
     Incoming,
     Out(usize),
     Init,
+    OomEvents,
     ExecPid,
     ExecOut(usize, usize),
     Stream(StreamSlot),
@@ -278,6 +279,10 @@ impl Shim {
                     add(p.fd.as_raw_fd(), Slot::Out(i));
                 }
             }
+            // Before the init: a count that changed as the init died is read before its exit.
+            if let Some(fd) = self.ctr.oom_poll_fd() {
+                add(fd, Slot::OomEvents);
+            }
             if let Init::Created { pidfd, .. } | Init::Running { pidfd, .. } = &self.init {
                 add(pidfd.as_raw_fd(), Slot::Init);
             }
@@ -314,6 +319,7 @@ impl Shim {
                     Slot::Listener => self.accept_all(),
                     Slot::Incoming => incoming_ready = true,
                     Slot::Out(i) => self.pump_output(i),
+                    Slot::OomEvents => self.ctr.oom_changed(),
                     Slot::Init => self.check_init(),
                     Slot::ExecOut(i, j) => self.pump_exec(i, j),
                     Slot::ExecPid => exec_done = true,

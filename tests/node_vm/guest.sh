@@ -2,7 +2,8 @@
 # Runs in the node VM (hack/node-vm.sh) at each boot, from the share tests/node_vm.rs made.
 # Boot 1: installs Berth's package, runs a static pod through the agent of the berthd systemd
 # started, checks it on the pure cgroup v2 hierarchy, restarts berthd under it, asks for a
-# reboot. Boot 2: berthd is back at boot, the old container is reported ended and the agent
+# reboot; swap is on, Burstable containers get their share (LimitedSwap), and the CRI metrics
+# carry PSI. Boot 2: berthd is back at boot, the old container is reported ended and the agent
 # runs the pod again; then, the agent off, the stock kubelet 1.20 (from the share) runs a static
 # pod on the same berthd. AppArmor: berth-default on every container, a Localhost profile named
 # through the agent's securityContext field and the kubelet's annotation. The agent joins the
@@ -165,6 +166,36 @@ check_scope_limits() {
   ok "an updated limit of $1 kept across systemctl daemon-reload"
 }
 
+# Swap and pressure on cgroup v2: the Guaranteed container $1 gets no swap, a Burstable one
+# its share of the node's (LimitedSwap), on its scope too; the CRI metrics carry PSI.
+check_swap_and_pressure() {
+  local v
+  v=$(bctl exec "$1" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $1"
+  [ "$v" = 0 ] || fail "memory.swap.max of the Guaranteed container $1 is $v, want 0"
+  sleeper_pod swapper swap "" "" "    resources:
+      requests:
+        memory: 32Mi
+      limits:
+        memory: 128Mi" >/etc/berth/manifests/swapper.yaml
+  wait_for 120 has_running swap || fail "the Burstable pod is not running"
+  local id
+  id=$(running_id swap)
+  v=$(bctl exec "$id" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $id"
+  # Its request's share of the node's memory, of 256 MiB of swap: a few MiB.
+  { [ "$v" != max ] && [ "$v" -gt 0 ] && [ "$v" -lt 33554432 ]; } ||
+    fail "memory.swap.max of the Burstable container is $v, want its share of the swap"
+  [ "$(systemctl show -P MemorySwapMax "berth-$id.scope")" = "$v" ] ||
+    fail "berth-$id.scope has MemorySwapMax $(systemctl show -P MemorySwapMax "berth-$id.scope"), want $v"
+  ok "LimitedSwap: the Burstable container may swap $v bytes (its scope too), the Guaranteed one none"
+  rm /etc/berth/manifests/swapper.yaml
+  [ -e /sys/fs/cgroup/cpu.pressure ] || fail "the kernel has no PSI (no cpu.pressure)"
+  v=$(bctl -o json metricsp | jq -r --arg c "$1" \
+    '[.[] | select(.container == $c and (.name | startswith("container_pressure_")))] | length')
+  [ "$v" = 6 ] || fail "the CRI metrics of $1 have $v pressure series, want 6: $(bctl metricsp)"
+  ok "the CRI metrics carry the container's pressure stalls (PSI)"
+  wait_for 60 not_running swap || fail "the Burstable pod was not removed"
+}
+
 # The pod's checks, on either boot.
 check_pod() {
   wait_for 120 has_running main || fail "container main of the static pod is not running"
@@ -218,7 +249,10 @@ if [ "$phase" = 1 ]; then
   # The node joins the control plane on the host with a bootstrap token, as kubeadm join.
   cp ca.crt /etc/berth/ca.crt
   cp bootstrap.kubeconfig /etc/berth/bootstrap.kubeconfig
-  printf '[registry]\ninsecure_registries = ["%s"]\n\n[agent]\nbootstrap_kubeconfig = "/etc/berth/bootstrap.kubeconfig"\nkubeconfig = "/etc/berth/kubeconfig"\n' \
+  # Swap on, and Burstable containers given their share of it (the kubelet's LimitedSwap).
+  fallocate -l 256M /swapfile && chmod 600 /swapfile && mkswap -q /swapfile && swapon /swapfile ||
+    fail "turning swap on"
+  printf '[registry]\ninsecure_registries = ["%s"]\n\n[agent]\nbootstrap_kubeconfig = "/etc/berth/bootstrap.kubeconfig"\nkubeconfig = "/etc/berth/kubeconfig"\nfail_swap_on = false\nmemory_swap_behavior = "LimitedSwap"\n' \
     "$REGISTRY" >/etc/berth/config.d/vm.toml
   restart_berthd || fail "systemctl restart berthd (new configuration)"
   wait_for 60 berthd_up || fail "berthd not active after the restart"
@@ -239,6 +273,7 @@ if [ "$phase" = 1 ]; then
   [ "$(running_id main)" = "$(cat id1)" ] || fail "the container changed across systemctl restart berthd"
   [ "$(pgrep -x sleep | head -n1)" = "$sleep_pid" ] || fail "the container's process restarted with berthd"
   ok "container kept across systemctl restart berthd"
+  check_swap_and_pressure "$(cat id1)"
   # An allocation past the memory limit ends the container OOMKilled (memory.events on v2).
   cat >/etc/berth/manifests/oom.yaml <<EOF
 apiVersion: v1
