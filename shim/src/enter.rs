@@ -32,6 +32,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::socket::{AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
+use crate::clone_into;
 use crate::error::{IoContext, ShimError};
 
 /// How long the exec'd process may take from fork to exec before it is killed.
@@ -102,7 +103,7 @@ pub fn spawn(
         message,
     };
     let joins = namespaces(init, spec).map_err(fail)?;
-    let procs = cgroup_procs(init).map_err(fail)?;
+    let mut procs = cgroup_procs(init).map_err(fail)?;
     let mut plan = Plan::new(spec, process).map_err(fail)?;
     // The exec is the container's as much as its init is, for the OOM killer too (not the
     // shim's, which runs at berthd's adjustment).
@@ -124,9 +125,27 @@ pub fn spawn(
         ),
         Io::Pipes { .. } => None,
     };
-    // SAFETY: the shim is single-threaded (see container.rs), so the child may allocate and use
-    // any library code; it ends in exec or _exit and never returns here.
-    match unsafe { nix::unistd::fork() }.ctx(|| "fork".into())? {
+    // The first child starts in the init's cgroup v2 where the kernel can put it there (it then
+    // need not be moved); otherwise it is forked and moved.
+    let into = procs
+        .iter()
+        .find(|p| p.unified)
+        .and_then(|p| p.file.parent())
+        .and_then(|dir| clone_into::open_cgroup(dir).ok());
+    // SAFETY (both): the shim is single-threaded (see container.rs), so the child may allocate
+    // and use any library code; it ends in exec or _exit and never returns here.
+    let forked = match into.as_ref().map(|fd| unsafe { clone_into::fork_into(fd) }) {
+        Some(Ok(forked)) => {
+            procs.retain(|p| !p.unified);
+            forked
+        }
+        Some(Err(e)) => {
+            tracing::debug!("clone3 into the cgroup: {e}; forking and moving the child");
+            unsafe { nix::unistd::fork() }.ctx(|| "fork".into())?
+        }
+        None => unsafe { nix::unistd::fork() }.ctx(|| "fork".into())?,
+    };
+    match forked {
         ForkResult::Child => {
             drop((err_r, go_w, pid_r));
             intermediate(go_r, pid_w, err_w, &joins, &plan, io, console.map(|c| c.1))
@@ -161,7 +180,7 @@ impl From<ShimError> for Failure {
 fn parent(
     id: &str,
     first: Pid,
-    procs: &[PathBuf],
+    procs: &[CgroupProcs],
     go: OwnedFd,
     pid_r: OwnedFd,
     err_r: OwnedFd,
@@ -174,10 +193,10 @@ fn parent(
     };
     let me = first.as_raw().to_string();
     for p in procs {
-        if let Err(e) = fs::write(p, &me) {
+        if let Err(e) = fs::write(&p.file, &me) {
             return Err(abort(Failure::Child(format!(
                 "joining cgroup {}: {e}",
-                p.display()
+                p.file.display()
             ))));
         }
     }
@@ -653,8 +672,15 @@ fn namespaces(init: Pid, spec: &Spec) -> Result<Vec<Join>, String> {
     Ok(out)
 }
 
+/// The `cgroup.procs` file of one cgroup the init is in.
+struct CgroupProcs {
+    file: PathBuf,
+    /// In the cgroup v2 hierarchy.
+    unified: bool,
+}
+
 /// The `cgroup.procs` files of every cgroup the init is in.
-fn cgroup_procs(init: Pid) -> Result<Vec<PathBuf>, String> {
+fn cgroup_procs(init: Pid) -> Result<Vec<CgroupProcs>, String> {
     let file = format!("/proc/{init}/cgroup");
     let text = fs::read_to_string(&file).map_err(|e| format!("read {file}: {e}"))?;
     let mounts = cgroup_mounts();
@@ -667,12 +693,13 @@ fn cgroup_procs(init: Pid) -> Result<Vec<PathBuf>, String> {
         let Some(mount) = mounts.iter().find(|m| m.serves(controllers)) else {
             continue;
         };
-        out.push(
-            mount
+        out.push(CgroupProcs {
+            file: mount
                 .point
                 .join(path.trim_start_matches('/'))
                 .join("cgroup.procs"),
-        );
+            unified: mount.options.is_none(),
+        });
     }
     Ok(out)
 }

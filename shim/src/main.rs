@@ -1,6 +1,7 @@
 //! berth-shim: the per-container supervisor (creates one container, owns its stdio, serves the shim API).
 
 mod args;
+mod clone_into;
 mod console;
 mod container;
 mod crilog;
