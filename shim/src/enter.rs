@@ -11,7 +11,8 @@
 //! Here the cgroup mounts are read once per shim, the spec once per container, and the order of
 //! the steps is the one libcontainer's init uses (and runc's).
 //!
-//! Two forks: the first child is moved into the container's cgroups by the shim, joins its pid
+//! Two forks: the first child starts in the container's cgroup v2 (clone3 CLONE_INTO_CGROUP) or
+//! is moved into its cgroups by the shim (cgroup v1, older kernels), joins its pid
 //! (and time) namespace, which applies to its children only, and forks the process that execs;
 //! then it exits, so that process is re-parented to the shim (a child subreaper). A pipe that
 //! closes on exec carries any failure back as one line.
@@ -132,19 +133,10 @@ pub fn spawn(
         .find(|p| p.unified)
         .and_then(|p| p.file.parent())
         .and_then(|dir| clone_into::open_cgroup(dir).ok());
-    // SAFETY (both): the shim is single-threaded (see container.rs), so the child may allocate
-    // and use any library code; it ends in exec or _exit and never returns here.
-    let forked = match into.as_ref().map(|fd| unsafe { clone_into::fork_into(fd) }) {
-        Some(Ok(forked)) => {
-            procs.retain(|p| !p.unified);
-            forked
-        }
-        Some(Err(e)) => {
-            tracing::debug!("clone3 into the cgroup: {e}; forking and moving the child");
-            unsafe { nix::unistd::fork() }.ctx(|| "fork".into())?
-        }
-        None => unsafe { nix::unistd::fork() }.ctx(|| "fork".into())?,
-    };
+    let (forked, placed) = fork_first_child(into.as_ref())?;
+    if placed {
+        procs.retain(|p| !p.unified);
+    }
     match forked {
         ForkResult::Child => {
             drop((err_r, go_w, pid_r));
@@ -162,6 +154,21 @@ pub fn spawn(
             })
         }
     }
+}
+
+/// Forks the exec's first child, into the cgroup `into` where the kernel can (then `true`).
+fn fork_first_child(into: Option<&OwnedFd>) -> Result<(ForkResult, bool), ShimError> {
+    if let Some(fd) = into {
+        // SAFETY: the shim is single-threaded (see container.rs), so the child may allocate
+        // and use any library code; it ends in exec or _exit and never returns here.
+        match unsafe { clone_into::fork_into(fd) } {
+            Ok(forked) => return Ok((forked, true)),
+            Err(e) => tracing::debug!("clone3 into the cgroup: {e}; forking and moving the child"),
+        }
+    }
+    // SAFETY: as above, single-threaded; the child ends in exec or _exit.
+    let forked = unsafe { nix::unistd::fork() }.ctx(|| "fork".into())?;
+    Ok((forked, false))
 }
 
 enum Failure {
