@@ -137,6 +137,25 @@ const UNIFIED_REFUSED: &[&str] = &[
     "cgroup.kill",
 ];
 
+/// The OCI memory+swap bound that a `unified` `memory.swap.max` amounts to beside the memory
+/// limit `limit` (the limit plus the swap, or -1 for `max`), for a container with a limit and
+/// no memory+swap bound of its own. systemd keeps a limit only as a unit property, and
+/// libcontainer's systemd manager makes `MemorySwapMax` from this bound alone: a `unified`
+/// key it has no property for would be undone by the next daemon-reload.
+pub fn swap_bound_from_unified(
+    limit: i64,
+    swap_bound: i64,
+    unified: &std::collections::HashMap<String, String>,
+) -> Option<i64> {
+    if limit <= 0 || swap_bound != 0 {
+        return None;
+    }
+    match unified.get("memory.swap.max")?.trim() {
+        "max" => Some(-1),
+        v => limit.checked_add(v.parse::<i64>().ok().filter(|n| *n >= 0)?),
+    }
+}
+
 /// Checks the keys and values of `linux.resources.unified`, for CreateContainer and
 /// UpdateContainerResources alike: each key is joined to the container's cgroup directory and
 /// written, so it must name one interface file there (`<controller>.<name>`: ASCII letters,
@@ -564,6 +583,12 @@ pub fn set_spec_resources(spec: &mut serde_json::Value, r: &cri::LinuxContainerR
     }
     if r.memory_swap_limit_in_bytes != 0 {
         set("memory", "swap", json!(r.memory_swap_limit_in_bytes));
+    } else if let Some(bound) = swap_bound_from_unified(
+        r.memory_limit_in_bytes,
+        r.memory_swap_limit_in_bytes,
+        &r.unified,
+    ) {
+        set("memory", "swap", json!(bound));
     }
     if !r.hugepage_limits.is_empty() {
         let list: Vec<Value> = r

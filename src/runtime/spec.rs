@@ -1289,6 +1289,14 @@ fn resources_spec(
         mem = mem.limit(r.memory_limit_in_bytes);
         any_mem = true;
     }
+    if let Some(bound) = super::container_update::swap_bound_from_unified(
+        r.memory_limit_in_bytes,
+        r.memory_swap_limit_in_bytes,
+        &r.unified,
+    ) {
+        mem = mem.swap(bound);
+        any_mem = true;
+    }
     match r.memory_swap_limit_in_bytes {
         // Memory plus swap is bounded only with memory bounded: without a memory limit the
         // setting is dropped, as containerd does (libcontainer refuses swap without a limit

@@ -951,8 +951,25 @@ fn resources_map_to_linux_resources() {
         let r = linux(&f.spec()).resources().clone().unwrap();
         assert_eq!(r.memory().and_then(|m| m.swap()), None, "swap {swap}");
     }
+    // The kubelet's swap on cgroup v2 is `unified` memory.swap.max: with a memory limit it is
+    // also the memory+swap bound (what libcontainer's systemd manager makes MemorySwapMax of).
     f.resources().memory_limit_in_bytes = 256 << 20;
     f.resources().memory_swap_limit_in_bytes = 0;
+    for (swap_max, bound) in [
+        ("0", 256 << 20),
+        ("1048576", (256 << 20) + 1048576),
+        ("max", -1),
+    ] {
+        f.resources().unified = [("memory.swap.max".to_string(), swap_max.to_string())].into();
+        let r = linux(&f.spec()).resources().clone().unwrap();
+        assert_eq!(r.memory().and_then(|m| m.swap()), Some(bound), "{swap_max}");
+        assert_eq!(r.unified().as_ref().unwrap()["memory.swap.max"], swap_max);
+    }
+    // Without a limit there is no bound to make of it: the file alone.
+    f.resources().memory_limit_in_bytes = 0;
+    let r = linux(&f.spec()).resources().clone().unwrap();
+    assert_eq!(r.memory().and_then(|m| m.swap()), None);
+    f.resources().unified.clear();
     f.resources().memory_limit_in_bytes = -5;
     invalid(&f, "resources.memory_limit_in_bytes");
     f.resources().memory_limit_in_bytes = 0;
