@@ -6,6 +6,7 @@ pub mod client;
 pub mod config;
 pub mod cri;
 pub mod daemon;
+pub mod dbus;
 pub mod image;
 pub mod logging;
 pub mod logs;

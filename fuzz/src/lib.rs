@@ -12,9 +12,9 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::thread;
 
-use berth::agent::shutdown::dbus;
 use berth::agent::sources::manifest as pod_manifests;
 use berth::config::RegistryConfig;
+use berth::dbus;
 use berth::image::hosts;
 use berth::image::manifest::{self, Document};
 use berth::image::reference::{ImageRef, validate_digest};

@@ -442,6 +442,7 @@ impl ContainerManager {
                 let layout = super::cgroups::Layout::detect()
                     .map_err(|e| ContainerError::Internal(format!("reading cgroup mounts: {e}")))?;
                 super::container_update::write_created_resources(&layout, &rec.id, &rec.bundle, r)?;
+                super::container_update::set_created_unit_properties(&rec.id, &rec.bundle).await?;
             }
             rec.shim_process =
                 Some(HostProcess::of(shim_pid).unwrap_or(HostProcess::ended(shim_pid)));

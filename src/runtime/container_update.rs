@@ -473,26 +473,60 @@ pub async fn set_unit_resources(
     id: &str,
     spec: &serde_json::Value,
 ) -> Result<(), UpdateError> {
-    let (Some(path), Layout::V2(root)) = (oci_cgroups_path(spec), layout) else {
+    let Layout::V2(root) = layout else {
         return Ok(());
     };
-    if !super::cgroup_driver::names_a_scope(path) {
+    let Some((path, resources)) = scope_resources(id, spec)? else {
         return Ok(());
-    }
-    let resources: oci_spec::runtime::LinuxResources = spec
+    };
+    let root = root.clone();
+    on_systemd(id, move || {
+        super::systemd_units::set_resources(&root, &path, &resources)
+    })
+    .await
+}
+
+/// Under the systemd driver, sets the unit properties of a created container's `unified` keys
+/// that libcontainer left to the files (see [`super::systemd_units::set_unified_properties`]).
+pub async fn set_created_unit_properties(id: &str, bundle: &Path) -> Result<(), UpdateError> {
+    let spec = read_spec(bundle)?;
+    let Some((path, resources)) = scope_resources(id, &spec)? else {
+        return Ok(());
+    };
+    on_systemd(id, move || {
+        super::systemd_units::set_unified_properties(&path, &resources)
+    })
+    .await
+}
+
+/// The systemd cgroupsPath of a bundle's spec and its `linux.resources`, where it names a scope.
+fn scope_resources(
+    id: &str,
+    spec: &serde_json::Value,
+) -> Result<Option<(String, oci_spec::runtime::LinuxResources)>, UpdateError> {
+    let Some(path) = oci_cgroups_path(spec).filter(|p| super::cgroup_driver::names_a_scope(p))
+    else {
+        return Ok(None);
+    };
+    let resources = spec
         .pointer("/linux/resources")
         .cloned()
         .map(serde_json::from_value)
         .transpose()
         .map_err(|e| UpdateError::Internal(format!("container {id}: its resources: {e}")))?
         .unwrap_or_default();
-    let (root, path) = (root.clone(), path.to_string());
-    tokio::task::spawn_blocking(move || {
-        super::systemd_units::set_resources(&root, &path, &resources)
-    })
-    .await
-    .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))?
-    .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))
+    Ok(Some((path.to_string(), resources)))
+}
+
+/// Runs a blocking exchange with systemd off the async workers.
+async fn on_systemd(
+    id: &str,
+    f: impl FnOnce() -> Result<(), String> + Send + 'static,
+) -> Result<(), UpdateError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))?
+        .map_err(|e| UpdateError::Internal(format!("container {id}: {e}")))
 }
 
 /// Under the systemd driver, writes a created container's resources to its scope's files too:

@@ -1,6 +1,7 @@
 //! Units of the systemd cgroup driver made and changed by berthd itself through systemd's D-Bus
-//! API (libcgroups' systemd manager): the pod init's scope in the pod's slice, resource updates
-//! of container scopes, and the stop of pod slices Berth started. Blocking: call from
+//! API (libcgroups' systemd manager, and Berth's D-Bus client for the properties it does not
+//! set): the pod init's scope in the pod's slice, resource updates of container scopes, and the
+//! stop of pod slices Berth started. Blocking: call from
 //! `spawn_blocking`.
 
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use libcgroups::systemd::manager::Manager;
 use oci_spec::runtime::LinuxResources;
 
 use super::cgroup_driver::{self, POD_INIT_SCOPE_PREFIX};
+use crate::dbus::{Connection, Value, system_bus_address};
 
 /// How long a process may take to show up in the scope systemd made for it.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +66,59 @@ pub fn set_resources(
         oom_score_adj: None,
         freezer_state: None,
     })
-    .map_err(|e| format!("setting the properties of {cgroups_path}: {e}"))
+    .map_err(|e| format!("setting the properties of {cgroups_path}: {e}"))?;
+    set_unified_properties(cgroups_path, resources)
+}
+
+/// Sets the unit properties of `resources`' `unified` keys that libcontainer's systemd manager
+/// leaves to the files, on the scope of `cgroups_path`: `memory.swap.max` as `MemorySwapMax`
+/// where no memory limit carries it (with one, it is part of the OCI memory+swap bound).
+pub fn set_unified_properties(
+    cgroups_path: &str,
+    resources: &LinuxResources,
+) -> Result<(), String> {
+    let props = unified_properties(resources);
+    if props.is_empty() {
+        return Ok(());
+    }
+    let unit = cgroup_driver::cgroups_path_to_dir(cgroups_path)
+        .and_then(|d| cgroup_driver::unit_of(&d).map(str::to_string))
+        .ok_or_else(|| format!("{cgroups_path} names no unit"))?;
+    let mut bus = Connection::open(&system_bus_address()).map_err(|e| e.to_string())?;
+    bus.call(
+        "org.freedesktop.systemd1",
+        "/org/freedesktop/systemd1",
+        "org.freedesktop.systemd1.Manager",
+        "SetUnitProperties",
+        &[
+            Value::Str(unit.clone()),
+            Value::Bool(true),
+            Value::Properties(props),
+        ],
+    )
+    .map_err(|e| format!("setting the properties of {unit}: {e}"))?;
+    Ok(())
+}
+
+/// The properties [`set_unified_properties`] sets.
+fn unified_properties(resources: &LinuxResources) -> Vec<(String, Value)> {
+    let limited = resources
+        .memory()
+        .as_ref()
+        .and_then(|m| m.limit())
+        .is_some_and(|l| l > 0);
+    let swap_max = resources
+        .unified()
+        .as_ref()
+        .and_then(|u| u.get("memory.swap.max"))
+        .and_then(|v| match v.trim() {
+            "max" => Some(u64::MAX),
+            n => n.parse().ok(),
+        });
+    match swap_max {
+        Some(v) if !limited => vec![("MemorySwapMax".to_string(), Value::U64(v))],
+        _ => Vec::new(),
+    }
 }
 
 /// Stops the unit whose cgroup is `dir` (a slice Berth started, or a scope), if systemd has
@@ -154,6 +208,34 @@ fn occupancy(dir: &Path) -> Occupancy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MemorySwapMax from a `unified` memory.swap.max only where no memory limit carries it.
+    #[test]
+    fn swap_max_becomes_a_property_without_a_memory_limit() {
+        let res = |limit: Option<i64>, swap_max: &str| -> LinuxResources {
+            let mut r = LinuxResources::default();
+            r.set_unified(Some(
+                [("memory.swap.max".to_string(), swap_max.to_string())].into(),
+            ));
+            if let Some(l) = limit {
+                let mut m = oci_spec::runtime::LinuxMemory::default();
+                m.set_limit(Some(l));
+                r.set_memory(Some(m));
+            }
+            r
+        };
+        assert_eq!(
+            unified_properties(&res(None, "0")),
+            [("MemorySwapMax".to_string(), Value::U64(0))]
+        );
+        assert_eq!(
+            unified_properties(&res(None, "max")),
+            [("MemorySwapMax".to_string(), Value::U64(u64::MAX))]
+        );
+        assert!(unified_properties(&res(Some(1 << 26), "0")).is_empty());
+        assert!(unified_properties(&res(None, "lots")).is_empty());
+        assert!(unified_properties(&LinuxResources::default()).is_empty());
+    }
 
     #[test]
     fn a_units_cgroup_is_empty_emptying_or_busy_by_what_it_holds() {

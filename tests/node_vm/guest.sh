@@ -166,8 +166,10 @@ check_scope_limits() {
   ok "an updated limit of $1 kept across systemctl daemon-reload"
 }
 
-# Swap and pressure on cgroup v2: the Guaranteed container $1 gets no swap, a Burstable one
-# its share of the node's (LimitedSwap), on its scope too; the CRI metrics carry PSI.
+# Swap and pressure on cgroup v2: the Guaranteed container $1 gets no swap, nor does a
+# BestEffort one (no memory limit: the scope's MemorySwapMax is what keeps it), a Burstable one
+# its share of the node's (LimitedSwap); all kept across a daemon-reload. The CRI metrics
+# carry PSI.
 check_swap_and_pressure() {
   local v
   v=$(bctl exec "$1" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $1"
@@ -177,23 +179,39 @@ check_swap_and_pressure() {
         memory: 32Mi
       limits:
         memory: 128Mi" >/etc/berth/manifests/swapper.yaml
+  sleeper_pod besteffort nolimit "" "" "" >/etc/berth/manifests/besteffort.yaml
   wait_for 120 has_running swap || fail "the Burstable pod is not running"
-  local id
+  wait_for 120 has_running nolimit || fail "the BestEffort pod is not running"
+  local id be prop
   id=$(running_id swap)
+  be=$(running_id nolimit)
   v=$(bctl exec "$id" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $id"
   # Its request's share of the node's memory, of 256 MiB of swap: a few MiB.
   { [ "$v" != max ] && [ "$v" -gt 0 ] && [ "$v" -lt 33554432 ]; } ||
     fail "memory.swap.max of the Burstable container is $v, want its share of the swap"
-  [ "$(systemctl show -P MemorySwapMax "berth-$id.scope")" = "$v" ] ||
-    fail "berth-$id.scope has MemorySwapMax $(systemctl show -P MemorySwapMax "berth-$id.scope"), want $v"
-  ok "LimitedSwap: the Burstable container may swap $v bytes (its scope too), the Guaranteed one none"
-  rm /etc/berth/manifests/swapper.yaml
+  # The kernel keeps whole pages of it.
+  prop=$(systemctl show -P MemorySwapMax "berth-$id.scope")
+  [ "$((prop / 4096 * 4096))" = "$v" ] ||
+    fail "berth-$id.scope has MemorySwapMax $prop, its memory.swap.max is $v"
+  [ "$(systemctl show -P MemorySwapMax "berth-$be.scope")" = 0 ] ||
+    fail "the BestEffort berth-$be.scope has MemorySwapMax $(systemctl show -P MemorySwapMax "berth-$be.scope")"
+  systemctl daemon-reload
+  local c want
+  for c in "$1:0" "$id:$v" "$be:0"; do
+    want=${c#*:}
+    c=${c%%:*}
+    v=$(bctl exec "$c" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $c"
+    [ "$v" = "$want" ] || fail "after a daemon-reload memory.swap.max in $c is $v, want $want"
+  done
+  ok "LimitedSwap: the Burstable container may swap $v bytes, the Guaranteed and BestEffort ones none, kept across a daemon-reload"
+  rm /etc/berth/manifests/swapper.yaml /etc/berth/manifests/besteffort.yaml
   [ -e /sys/fs/cgroup/cpu.pressure ] || fail "the kernel has no PSI (no cpu.pressure)"
   v=$(bctl -o json metricsp | jq -r --arg c "$1" \
     '[.[] | select(.container == $c and (.name | startswith("container_pressure_")))] | length')
   [ "$v" = 6 ] || fail "the CRI metrics of $1 have $v pressure series, want 6: $(bctl metricsp)"
   ok "the CRI metrics carry the container's pressure stalls (PSI)"
   wait_for 60 not_running swap || fail "the Burstable pod was not removed"
+  wait_for 60 not_running nolimit || fail "the BestEffort pod was not removed"
 }
 
 # The pod's checks, on either boot.

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::dbus::{Connection, DbusError, Value, system_bus_address};
 use super::{ShutdownError, ShutdownManager};
+use crate::dbus::{Connection, DbusError, Value, system_bus_address};
 
 const LOGIND: &str = "org.freedesktop.login1";
 const LOGIND_PATH: &str = "/org/freedesktop/login1";

@@ -1,7 +1,6 @@
 //! Graceful node shutdown: when the node is going down, ends regular pods first and critical
 //! (or higher-priority) pods last, each group within its share of the shutdown grace period.
 
-pub mod dbus;
 pub mod logind;
 
 use std::sync::Arc;

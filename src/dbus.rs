@@ -1,5 +1,6 @@
 //! A small blocking D-Bus client: SASL EXTERNAL with fd passing, method calls, signals, and the
-//! marshalling of the few types the agent's logind watcher needs (y b u t s o g h v).
+//! marshalling of the few types the agent's logind watcher and systemd's unit properties need
+//! (y b u t s o g h v, and the property list `a(sv)`, sent only).
 
 use std::collections::VecDeque;
 use std::io::{IoSliceMut, Write};
@@ -71,6 +72,8 @@ pub enum Value {
     Fd(u32),
     /// `v`
     Variant(Box<Value>),
+    /// `a(sv)`: named values, as systemd's unit properties (marshalled, never read).
+    Properties(Vec<(String, Value)>),
 }
 
 impl Value {
@@ -86,6 +89,7 @@ impl Value {
             Value::Sig(_) => "g".into(),
             Value::Fd(_) => "h".into(),
             Value::Variant(_) => "v".into(),
+            Value::Properties(_) => "a(sv)".into(),
         }
     }
 }
@@ -155,6 +159,22 @@ impl Writer {
             Value::Variant(inner) => {
                 self.sig(&inner.signature());
                 self.value(inner);
+            }
+            Value::Properties(props) => {
+                // The array's byte length, then its elements from an 8-aligned start (the
+                // padding before the first is not counted).
+                self.u32(0);
+                let len_at = self.buf.len() - 4;
+                self.pad(8);
+                let start = self.buf.len();
+                for (name, v) in props {
+                    self.pad(8);
+                    self.string(name);
+                    self.sig(&v.signature());
+                    self.value(v);
+                }
+                let len = u32::try_from(self.buf.len() - start).unwrap_or(u32::MAX);
+                self.buf[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
             }
         }
     }
@@ -681,6 +701,29 @@ mod tests {
             assert_eq!(&r.value(t).expect("value"), v);
         }
         assert_eq!(r.pos, w.buf.len());
+    }
+
+    /// `a(sv)` as the specification lays it out: the length of the elements, which start
+    /// 8-aligned, each a struct (8-aligned) of a string and a variant.
+    #[test]
+    fn properties_are_marshalled_as_an_array_of_structs() {
+        let mut w = Writer { buf: Vec::new() };
+        w.value(&Value::Byte(1));
+        w.value(&Value::Properties(vec![
+            ("MemorySwapMax".into(), Value::U64(5)),
+            ("A".into(), Value::Bool(true)),
+        ]));
+        let mut want = vec![1, 0, 0, 0, 48, 0, 0, 0];
+        want.extend_from_slice(&13u32.to_le_bytes());
+        want.extend_from_slice(b"MemorySwapMax\0");
+        want.extend_from_slice(&[1, b't', 0, 0, 0, 0]);
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(b"A\0");
+        want.extend_from_slice(&[1, b'b', 0, 0, 0, 0]);
+        want.extend_from_slice(&1u32.to_le_bytes());
+        assert_eq!(w.buf, want);
+        assert_eq!(Value::Properties(Vec::new()).signature(), "a(sv)");
     }
 
     #[test]
