@@ -90,6 +90,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         images.clone(),
         sandboxes.clone(),
         &config.root,
+        config.runtime.cdi_spec_dirs.clone(),
     ));
     {
         let creator = creator.clone();

@@ -41,7 +41,7 @@ pub struct Config {
 }
 
 /// How containers run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeSection {
     /// The cgroup driver: "systemd" (pod slices and container scopes made through systemd; CRI
@@ -51,6 +51,19 @@ pub struct RuntimeSection {
     /// init and the hierarchy is pure cgroup v2, else cgroupfs). The kubelet's `cgroupDriver`
     /// must be the same.
     pub cgroup_driver: crate::runtime::cgroup_driver::DriverChoice,
+    /// Directories of CDI spec files (JSON or YAML), read when a container names CDI devices
+    /// (`CDI_devices`, or `cdi.k8s.io/*` annotations); a device in a later directory overrides
+    /// one of the same name in an earlier.
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        Self {
+            cgroup_driver: Default::default(),
+            cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+        }
+    }
 }
 
 /// Images from archives, for nodes without a registry.

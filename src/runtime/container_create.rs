@@ -45,11 +45,20 @@ impl CreateError {
     }
 }
 
+/// What CreateContainer found before making anything: the PID namespace of a target container,
+/// the CDI devices' edits.
+#[derive(Clone, Copy)]
+struct Resolved<'a> {
+    target_pid_ns: &'a Option<PathBuf>,
+    cdi: Option<&'a super::cdi::Injection>,
+}
+
 /// Prepares containers.
 pub struct ContainerCreator {
     images: ImageManager,
     sandboxes: Arc<SandboxManager>,
     root: PathBuf,
+    cdi_spec_dirs: Vec<PathBuf>,
 }
 
 /// Everything a prepared container holds on the host, removed by [`Prepared::undo`].
@@ -75,12 +84,19 @@ pub struct Prepared {
 }
 
 impl ContainerCreator {
-    /// A creator writing bundles under `<root>/containers`.
-    pub fn new(images: ImageManager, sandboxes: Arc<SandboxManager>, root: &Path) -> Self {
+    /// A creator writing bundles under `<root>/containers`, with CDI devices from the spec
+    /// files of `cdi_spec_dirs`.
+    pub fn new(
+        images: ImageManager,
+        sandboxes: Arc<SandboxManager>,
+        root: &Path,
+        cdi_spec_dirs: Vec<PathBuf>,
+    ) -> Self {
         Self {
             images,
             sandboxes,
             root: root.to_owned(),
+            cdi_spec_dirs,
         }
     }
 
@@ -181,6 +197,13 @@ impl ContainerCreator {
                     "CreateContainer {name}: image {image_ref} not found"
                 ))
             })?;
+        // Resolved before anything is made: an unknown device leaves nothing behind.
+        let cdi = super::cdi::resolve(config, &self.cdi_spec_dirs).map_err(|e| match e {
+            e @ super::cdi::CdiError::Resolve(_) => {
+                CreateError::InvalidArgument(format!("CreateContainer {name}: {e}"))
+            }
+            e => CreateError::FailedPrecondition(format!("CreateContainer {name}: {e}")),
+        })?;
         let id = id.to_string();
         let mut prepared = Prepared {
             id: id.clone(),
@@ -194,7 +217,10 @@ impl ContainerCreator {
             config,
             &image.record,
             &mut prepared,
-            &target_pid_ns,
+            &Resolved {
+                target_pid_ns: &target_pid_ns,
+                cdi: cdi.as_ref(),
+            },
         ) {
             Ok(()) => Ok(prepared),
             Err(e) => {
@@ -211,8 +237,9 @@ impl ContainerCreator {
         config: &cri::ContainerConfig,
         image: &crate::store::ImageRecord,
         prepared: &mut Prepared,
-        target_pid_ns: &Option<PathBuf>,
+        resolved: &Resolved<'_>,
     ) -> Result<(), CreateError> {
+        let Resolved { target_pid_ns, cdi } = *resolved;
         let id = &prepared.id.clone();
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
@@ -322,6 +349,11 @@ impl ContainerCreator {
             }
             e => internal("generating the OCI spec", &e),
         })?;
+        if let Some(cdi) = cdi {
+            cdi.apply(&mut oci).map_err(|e| {
+                CreateError::FailedPrecondition(format!("CreateContainer {name}: {e}"))
+            })?;
+        }
         if let Some((fd, ids)) = &pod_userns {
             check_user_mapped(&user, ids)?;
             if let Some((host, _)) = &termination {

@@ -1,6 +1,7 @@
 //! The runtime core: pod sandboxes and containers, their state and events.
 
 pub mod apparmor;
+pub mod cdi;
 pub mod cgroup_attach;
 pub mod cgroup_driver;
 pub mod cgroups;

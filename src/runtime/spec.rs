@@ -1031,9 +1031,9 @@ fn mounts(
 }
 
 /// Type, major, minor, permission bits, uid and gid of a device node.
-type DeviceInfo = (LinuxDeviceType, i64, i64, u32, u32, u32);
+pub(crate) type DeviceInfo = (LinuxDeviceType, i64, i64, u32, u32, u32);
 
-fn device_type_and_numbers(path: &Path) -> std::io::Result<Option<DeviceInfo>> {
+pub(crate) fn device_type_and_numbers(path: &Path) -> std::io::Result<Option<DeviceInfo>> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let meta = std::fs::metadata(path)?;
     let ft = meta.file_type();
@@ -1078,7 +1078,7 @@ fn device_node(dest: &Path, host: &Path) -> Result<Option<LinuxDevice>, SpecErro
     ))
 }
 
-fn allow_rule(
+pub(crate) fn allow_rule(
     typ: Option<LinuxDeviceType>,
     major: Option<i64>,
     minor: Option<i64>,

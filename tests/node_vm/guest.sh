@@ -196,14 +196,14 @@ check_swap_and_pressure() {
   [ "$(systemctl show -P MemorySwapMax "berth-$be.scope")" = 0 ] ||
     fail "the BestEffort berth-$be.scope has MemorySwapMax $(systemctl show -P MemorySwapMax "berth-$be.scope")"
   systemctl daemon-reload
-  local c want
-  for c in "$1:0" "$id:$v" "$be:0"; do
+  local c want swap=$v
+  for c in "$1:0" "$id:$swap" "$be:0"; do
     want=${c#*:}
     c=${c%%:*}
     v=$(bctl exec "$c" cat /sys/fs/cgroup/memory.swap.max) || fail "reading memory.swap.max in $c"
     [ "$v" = "$want" ] || fail "after a daemon-reload memory.swap.max in $c is $v, want $want"
   done
-  ok "LimitedSwap: the Burstable container may swap $v bytes, the Guaranteed and BestEffort ones none, kept across a daemon-reload"
+  ok "LimitedSwap: the Burstable container may swap $swap bytes, the Guaranteed and BestEffort ones none, kept across a daemon-reload"
   rm /etc/berth/manifests/swapper.yaml /etc/berth/manifests/besteffort.yaml
   [ -e /sys/fs/cgroup/cpu.pressure ] || fail "the kernel has no PSI (no cpu.pressure)"
   v=$(bctl -o json metricsp | jq -r --arg c "$1" \
