@@ -216,6 +216,44 @@ async fn images_stay_below_the_high_threshold() {
     a.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_images_are_reported_pinned_and_never_collected() {
+    // `layers` pinned by its reference as a user writes it (no tag: `:latest`), `busybox` not.
+    let pinned = image("layers");
+    let a = Agent::start_with_config(
+        &[],
+        &format!("{AGGRESSIVE_IMAGE_GC}[images]\npinned_images = [{pinned:?}]\n"),
+    );
+    let c = a.daemon.client().await;
+    let kept = pull(&c, &pinned).await.expect("pull layers");
+    let other = pull(&c, &image("busybox")).await.expect("pull busybox");
+    assert_ne!(kept, other, "two distinct images");
+    let listed = common::list(&c).await;
+    let pinned_of = |id: &str| listed.iter().find(|i| i.id == id).map(|i| i.pinned);
+    // The unpinned one may already be gone; the pinned one is listed, pinned.
+    assert_eq!(pinned_of(&kept), Some(true), "{listed:?}");
+    assert_ne!(pinned_of(&other), Some(true), "{listed:?}");
+    let status = common::status(&c, &pinned).await.expect("layers status");
+    assert!(status.pinned, "ImageStatus of {pinned}: {status:?}");
+    let started = Instant::now();
+    while image_ids(&c).await.contains(&other) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the unpinned image was not collected\n{}",
+            tail(&a.daemon.log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let passes = gc_counter(&a, "image_passes");
+    wait_gc_counter(&a, "image_passes", passes + 3);
+    assert!(
+        image_ids(&c).await.contains(&kept),
+        "the pinned image was removed\n{}",
+        tail(&a.daemon.log(), 30)
+    );
+    a.finish().await;
+}
+
 /// The memory cgroup limits of memory plus swap of a running container, read on the host:
 /// (v1 `memory.memsw.limit_in_bytes` or v2 `memory.swap.max`, its value).
 async fn swap_limit_of(c: &berth::client::CriClient, id: &str) -> (String, String) {

@@ -79,6 +79,10 @@ pub struct ImagesConfig {
     /// and on its images (some are tens of GiB); a node that pulls images it does not trust
     /// should set one, for a few kilobytes of zstd can unpack to terabytes.
     pub max_unpacked_layer_bytes: u64,
+    /// Images reported pinned, which image garbage collection (the kubelet's, the agent's)
+    /// never removes: references (`registry.k8s.io/pause:3.10`, normalised as pulls are),
+    /// prefixes ending in `*` (`registry.local/infra/*`) or keywords (`*pause*`).
+    pub pinned_images: Vec<String>,
 }
 
 /// berthd's Prometheus endpoint (off unless an address is given).

@@ -60,7 +60,7 @@ fn image_spec_ref(spec: Option<&cri::ImageSpec>, call: &str) -> Result<String, S
     Ok(image.to_string())
 }
 
-fn to_cri(view: &ImageView) -> cri::Image {
+fn to_cri(images: &ImageManager, view: &ImageView) -> cri::Image {
     let r = &view.record;
     cri::Image {
         id: r.id.clone(),
@@ -73,7 +73,7 @@ fn to_cri(view: &ImageView) -> cri::Image {
             image: r.id.clone(),
             ..Default::default()
         }),
-        pinned: r.pinned,
+        pinned: images.is_pinned(r),
     }
 }
 
@@ -91,7 +91,7 @@ impl ImageService for ImageApi {
             .map(|s| s.image.clone());
         let images = self.images.list(filter.as_deref())?;
         Ok(Response::new(cri::ListImagesResponse {
-            images: images.iter().map(to_cri).collect(),
+            images: images.iter().map(|v| to_cri(&self.images, v)).collect(),
         }))
     }
 
@@ -121,7 +121,7 @@ impl ImageService for ImageApi {
             info.insert("info".to_string(), verbose.to_string());
         }
         Ok(Response::new(cri::ImageStatusResponse {
-            image: Some(to_cri(&view)),
+            image: Some(to_cri(&self.images, &view)),
             info,
         }))
     }

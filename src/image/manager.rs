@@ -37,6 +37,8 @@ pub(super) struct Inner {
     pub(super) downloads: Semaphore,
     /// `images.max_unpacked_layer_bytes`: the most one layer may unpack to (0: no limit).
     pub(super) max_unpacked_layer_bytes: u64,
+    /// `images.pinned_images`.
+    pins: super::pins::Pins,
     /// Pulls hold it shared; garbage collection holds it exclusively.
     pub(super) gc_lock: RwLock<()>,
     inflight: Mutex<HashMap<String, (SharedPull, Arc<PullProgress>)>>,
@@ -147,6 +149,8 @@ impl ImageManager {
             registry_config: config.registry.clone(),
             downloads: Semaphore::new(config.registry.max_concurrent_downloads.max(1)),
             max_unpacked_layer_bytes: config.images.max_unpacked_layer_bytes,
+            pins: super::pins::Pins::new(&config.images.pinned_images)
+                .map_err(|e| ImageError::InvalidArgument(e.to_string()))?,
             gc_lock: RwLock::new(()),
             inflight: Mutex::new(HashMap::new()),
             fs_usage: DiskCache::default(),
@@ -156,6 +160,12 @@ impl ImageManager {
         };
         manager.recover()?;
         Ok(manager)
+    }
+
+    /// Whether the image is pinned (its record, or `images.pinned_images`): image garbage
+    /// collection passes it by.
+    pub fn is_pinned(&self, record: &ImageRecord) -> bool {
+        self.inner.pins.covers(record)
     }
 
     /// The snapshotter (containers prepare their rootfs on the image's top chain id).

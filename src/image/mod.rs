@@ -7,6 +7,7 @@ pub mod import_dir;
 mod manager;
 pub mod manifest;
 pub mod node_auth;
+pub mod pins;
 mod pull;
 pub mod reference;
 pub mod registry;
