@@ -1,6 +1,7 @@
 //! Hostile registries, images and archives against a real berthd: oversized manifests and
 //! configs, tar extension records that would be read whole into memory, a layer that unpacks
-//! past its limit, and credentials offered to a mirror. Each is refused by name, leaves
+//! past its limit, a registry that stops sending mid-layer, and credentials offered to a
+//! mirror. Each is refused by name, leaves
 //! nothing, and berthd goes on serving. The memory attacks run berthd in a 512 MiB memory
 //! cgroup, so a regression kills berthd, not the host.
 
@@ -24,6 +25,7 @@ use tonic::Code;
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 const LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 /// The size of the long-name records: 1.5 GiB.
@@ -464,6 +466,80 @@ async fn a_small_layer_that_unpacks_past_the_limit_is_refused_and_leaves_nothing
     pull_with(&c, &reference, None)
         .await
         .expect("the image pulls without a limit");
+}
+
+/// A gzip layer holding one file `name` with `body`: (blob, its digest, its diff id).
+fn small_layer(name: &str, body: &[u8]) -> (Vec<u8>, String, String) {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(body.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1_600_000_000);
+    h.set_entry_type(tar::EntryType::Regular);
+    builder.append_data(&mut h, name, body).expect("tar");
+    let tar = builder.into_inner().expect("tar");
+    let diff_id = digest(&tar);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).expect("gzip");
+    let blob = gz.finish().expect("gzip");
+    let d = digest(&blob);
+    (blob, d, diff_id)
+}
+
+#[tokio::test]
+async fn a_registry_that_stops_sending_fails_the_pull_with_deadline_exceeded_naming_the_layer() {
+    // Two layers: the first arrives whole, the second sends half its bytes and then nothing.
+    let (sound, sound_digest, sound_diff) = small_layer("sound", &[7u8; 4096]);
+    let random: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let (stalled, stalled_digest, stalled_diff) = small_layer("stalls", &random);
+    let (config_body, config_digest) = config(&[sound_diff, stalled_diff]);
+    let mut content = Content::default();
+    content.manifest(
+        "slow/stalls",
+        "1",
+        OCI_MANIFEST,
+        manifest(
+            descriptor(OCI_CONFIG, &config_digest, config_body.len() as u64),
+            serde_json::json!([
+                descriptor(LAYER_GZIP, &sound_digest, sound.len() as u64),
+                descriptor(LAYER_GZIP, &stalled_digest, stalled.len() as u64),
+            ]),
+        ),
+    );
+    content.blob(&config_digest, move || Body::Bytes(config_body.clone()));
+    content.blob(&sound_digest, move || Body::Bytes(sound.clone()));
+    content.blob(&stalled_digest, move || Body::Stall {
+        head: stalled[..stalled.len() / 2].to_vec(),
+        len: stalled.len() as u64,
+    });
+    let reg = content.serve();
+    let reference = format!("{}/slow/stalls:1", reg.addr());
+
+    let dir = TempDir::new("pull-stall");
+    let config_file = dir.path().join("config.toml");
+    std::fs::write(&config_file, "[images]\npull_progress_timeout_secs = 2.0\n").expect("config");
+    let d = daemon_for(&reg, &["--config", &config_file.to_string_lossy()]);
+    let c = d.client().await;
+    let started = Instant::now();
+    let e = pull_with(&c, &reference, None)
+        .await
+        .expect_err("a stalled pull fails");
+    eprintln!("stalled pull failed after {:?}", started.elapsed());
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    for part in [
+        reference.as_str(),
+        stalled_digest.as_str(),
+        "pull_progress_timeout_secs",
+    ] {
+        assert!(e.message().contains(part), "{part}: {}", e.message());
+    }
+    assert_nothing_left(&d, &c).await;
+    assert!(status(&c, &reference).await.is_none());
+    assert_serving(&d, &c).await;
 }
 
 #[tokio::test]

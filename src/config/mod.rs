@@ -66,8 +66,8 @@ impl Default for RuntimeSection {
     }
 }
 
-/// Images from archives, for nodes without a registry.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+/// Images: archives for nodes without a registry, limits and pins.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ImagesConfig {
     /// Directory whose image archives (OCI layout or docker save tars, plain, gzip or zstd)
@@ -83,6 +83,20 @@ pub struct ImagesConfig {
     /// never removes: references (`registry.k8s.io/pause:3.10`, normalised as pulls are),
     /// prefixes ending in `*` (`registry.local/infra/*`) or keywords (`*pause*`).
     pub pinned_images: Vec<String>,
+    /// Seconds a pull may go without receiving a byte (a manifest, a config, a layer's next
+    /// chunk) before it is cancelled with DeadlineExceeded naming what stalled; 0: never.
+    pub pull_progress_timeout_secs: f64,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        Self {
+            import_dir: PathBuf::new(),
+            max_unpacked_layer_bytes: 0,
+            pinned_images: Vec::new(),
+            pull_progress_timeout_secs: 300.0,
+        }
+    }
 }
 
 /// berthd's Prometheus endpoint (off unless an address is given).

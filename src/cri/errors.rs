@@ -18,6 +18,7 @@ impl From<ImageError> for Status {
                 Status::failed_precondition(msg)
             }
             ImageError::Corrupt(_) => Status::data_loss(msg),
+            ImageError::Stalled(_) => Status::deadline_exceeded(msg),
             ImageError::Internal(_) => Status::internal(msg),
         }
     }

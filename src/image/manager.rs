@@ -39,6 +39,8 @@ pub(super) struct Inner {
     pub(super) max_unpacked_layer_bytes: u64,
     /// `images.pinned_images`.
     pins: super::pins::Pins,
+    /// `images.pull_progress_timeout_secs` (None: 0, never).
+    pub(super) pull_progress_timeout: Option<std::time::Duration>,
     /// Pulls hold it shared; garbage collection holds it exclusively.
     pub(super) gc_lock: RwLock<()>,
     inflight: Mutex<HashMap<String, (SharedPull, Arc<PullProgress>)>>,
@@ -151,6 +153,7 @@ impl ImageManager {
             max_unpacked_layer_bytes: config.images.max_unpacked_layer_bytes,
             pins: super::pins::Pins::new(&config.images.pinned_images)
                 .map_err(|e| ImageError::InvalidArgument(e.to_string()))?,
+            pull_progress_timeout: progress_timeout(config.images.pull_progress_timeout_secs)?,
             gc_lock: RwLock::new(()),
             inflight: Mutex::new(HashMap::new()),
             fs_usage: DiskCache::default(),
@@ -491,6 +494,19 @@ pub(super) fn clone_error(e: &ImageError) -> ImageError {
             image: image.clone(),
             reason: reason.clone(),
         },
+        ImageError::Stalled(m) => ImageError::Stalled(m.clone()),
         ImageError::Internal(m) => ImageError::Internal(m.clone()),
     }
+}
+
+/// `images.pull_progress_timeout_secs` as a duration: 0 is none; negative or absurd is refused.
+fn progress_timeout(secs: f64) -> Result<Option<std::time::Duration>, ImageError> {
+    if secs == 0.0 {
+        return Ok(None);
+    }
+    std::time::Duration::try_from_secs_f64(secs)
+        .map(Some)
+        .map_err(|e| {
+            ImageError::InvalidArgument(format!("images.pull_progress_timeout_secs {secs}: {e}"))
+        })
 }

@@ -47,6 +47,9 @@ pub enum ImageError {
     /// the configured limit.
     #[error("refusing image {image}: {reason}")]
     Hostile { image: String, reason: String },
+    /// The registry stopped sending: nothing arrived for `images.pull_progress_timeout_secs`.
+    #[error("{0}")]
+    Stalled(String),
     /// Disk or internal trouble.
     #[error("{0}")]
     Internal(String),

@@ -173,6 +173,27 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Inner {
+    /// Awaits `step` of a pull (a request, a body's next chunk), giving up once it has gone
+    /// `images.pull_progress_timeout_secs` without completing: `what` names what stalled.
+    async fn within_progress_timeout<T>(
+        &self,
+        image: &ImageRef,
+        what: impl FnOnce() -> String,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<T, ImageError> {
+        let Some(limit) = self.pull_progress_timeout else {
+            return Ok(step.await);
+        };
+        tokio::time::timeout(limit, step).await.map_err(|_| {
+            ImageError::Stalled(format!(
+                "pulling image {image}: {} received nothing for {:?} \
+                 (images.pull_progress_timeout_secs); the pull is cancelled",
+                what(),
+                limit
+            ))
+        })
+    }
+
     /// Fetches a manifest document and checks its digest when one was asked for.
     async fn fetch_document(
         &self,
@@ -185,9 +206,13 @@ impl Inner {
             .clients
             .client_for(ep, creds, image)
             .map_err(ImageError::InvalidArgument)?;
-        let (body, digest) = client
-            .pull_manifest_raw(reference, &creds.to_auth(), manifest::ACCEPTED)
-            .await
+        let (body, digest) = self
+            .within_progress_timeout(
+                image,
+                || format!("the manifest {reference}"),
+                client.pull_manifest_raw(reference, &creds.to_auth(), manifest::ACCEPTED),
+            )
+            .await?
             .map_err(|e| registry_error(image, "fetching manifest", e))?;
         // oci-client reads the body whole; this at least keeps it out of the content store
         // and the parser.
@@ -353,12 +378,20 @@ impl Inner {
             .clients
             .client_for(&resolved.endpoint, &resolved.creds, image)
             .map_err(ImageError::InvalidArgument)?;
-        let mut stream = client
-            .pull_blob_stream(&reference, &oci_descriptor(desc))
-            .await
+        let stalled = || format!("config {}", desc.digest);
+        let mut stream = self
+            .within_progress_timeout(
+                image,
+                stalled,
+                client.pull_blob_stream(&reference, &oci_descriptor(desc)),
+            )
+            .await?
             .map_err(|e| registry_error(image, &format!("fetching config {}", desc.digest), e))?;
         let mut buf = Vec::new();
-        while let Some(chunk) = stream.next().await {
+        while let Some(chunk) = self
+            .within_progress_timeout(image, stalled, stream.next())
+            .await?
+        {
             let chunk = chunk.map_err(|e| blob_stream_error(image, "config", &desc.digest, &e))?;
             if (buf.len() + chunk.len()) as u64 > declared {
                 return Err(ImageError::Corrupt(format!(
@@ -546,9 +579,14 @@ impl Inner {
             .client_for(endpoint, creds, image)
             .map_err(ImageError::InvalidArgument)?;
         let (dest, tape) = self.prepare_extraction(key)?;
-        let mut stream = client
-            .pull_blob_stream(&reference, &oci_descriptor(desc))
-            .await
+        let stalled = || format!("layer {}", desc.digest);
+        let mut stream = self
+            .within_progress_timeout(
+                image,
+                stalled,
+                client.pull_blob_stream(&reference, &oci_descriptor(desc)),
+            )
+            .await?
             .map_err(|e| registry_error(image, &format!("fetching layer {}", desc.digest), e))?;
 
         let (tx, rx) = mpsc::channel::<Bytes>(32);
@@ -572,11 +610,19 @@ impl Inner {
         let expected = desc.size.max(0) as u64;
         let mut stream_error = None;
         let mut unpacker_stopped = false;
-        while let Some(chunk) = stream.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => {
+        loop {
+            let chunk = match self
+                .within_progress_timeout(image, stalled, stream.next())
+                .await
+            {
+                Ok(Some(Ok(c))) => c,
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
                     stream_error = Some(blob_stream_error(image, "layer", &desc.digest, &e));
+                    break;
+                }
+                Err(e) => {
+                    stream_error = Some(e);
                     break;
                 }
             };

@@ -36,6 +36,12 @@ pub enum Body {
         head: Vec<u8>,
         zeros: u64,
     },
+    /// `head` of a body of `len` bytes, then nothing more: the connection is held open,
+    /// silent, until the registry stops or the client goes away.
+    Stall {
+        head: Vec<u8>,
+        len: u64,
+    },
 }
 
 /// A response.
@@ -71,6 +77,7 @@ impl Response {
         match &self.body {
             Body::Bytes(b) => b.len() as u64,
             Body::Lazy { head, zeros } => head.len() as u64 + zeros,
+            Body::Stall { len, .. } => *len,
         }
     }
 }
@@ -221,6 +228,19 @@ fn serve(conn: TcpStream, handler: &Handler, requests: &Mutex<Vec<Request>>, sto
                     left -= n as u64;
                 }
                 Ok(())
+            }),
+            Body::Stall { head, .. } => out.write_all(&head).and_then(|()| {
+                out.flush()?;
+                let mut probe = [0u8; 1];
+                let _ = out.set_read_timeout(Some(Duration::from_millis(100)));
+                while !stop.load(Ordering::Relaxed) {
+                    // A read of 0 bytes: the client closed the connection.
+                    match (&out).read(&mut probe) {
+                        Ok(0) => break,
+                        _ => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+                Err(std::io::Error::other("stalled"))
             }),
         };
         if sent.is_err() || out.flush().is_err() {
