@@ -1,8 +1,8 @@
 //! Hostile registries, images and archives against a real berthd: oversized manifests and
 //! configs, tar extension records that would be read whole into memory, a layer that unpacks
 //! past its limit, a registry that stops sending mid-layer, and credentials offered to a
-//! mirror. Each is refused by name, leaves nothing, and berthd goes on serving. The memory attacks run berthd in a 512 MiB memory
-//! cgroup, so a regression kills berthd, not the host.
+//! mirror. Each is refused by name, leaves nothing, and berthd goes on serving. The memory
+//! attacks run berthd in a 512 MiB memory cgroup, so a regression kills berthd, not the host.
 
 mod common;
 #[path = "common/fake_registry.rs"]
