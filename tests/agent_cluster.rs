@@ -550,6 +550,29 @@ async fn events_tell_the_pods_story_and_repeats_become_counts() {
             .all(|r| e.contains(r))
     });
     assert!(events("story", &n.ns).contains(":kubelet"));
+    // `busybox:latest` is pulled (policy Always); the Pulled event tells the time and size.
+    let pulled =
+        n.cp.kubectl(&[
+            "-n",
+            &n.ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=story,reason=Pulled",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .1;
+    let size: u64 = pulled
+        .split("Image size: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no image size in the Pulled event: {pulled}"));
+    assert!(
+        size > 0 && pulled.contains("Successfully pulled image"),
+        "{pulled}"
+    );
     n.cp.wait("the node's events", Duration::from_secs(30), |_| {
         let e = events(&n.node, "default");
         e.contains("Starting:") && e.contains("NodeReady:")

@@ -1208,18 +1208,31 @@ impl PodWorker {
             .await
         {
             Ok(r) => {
+                let took = pull_started.elapsed();
                 self.pull_backoff.reset(&image);
                 self.pull_failed.remove(&image);
+                let image_ref = r.into_inner().image_ref;
+                // The size as the kubelet reports it: the image's, from ImageStatus.
+                let size = images
+                    .image_status(cri::ImageStatusRequest {
+                        image: Some(cri::ImageSpec {
+                            image: image_ref.clone(),
+                            ..Default::default()
+                        }),
+                        verbose: false,
+                    })
+                    .await
+                    .ok()
+                    .and_then(|r| r.into_inner().image)
+                    .map(|i| format!(" Image size: {} bytes.", i.size))
+                    .unwrap_or_default();
                 self.event(
                     Some(&c.name),
                     EventType::Normal,
                     "Pulled",
-                    format!(
-                        "Successfully pulled image \"{image}\" in {:?}",
-                        pull_started.elapsed()
-                    ),
+                    format!("Successfully pulled image \"{image}\" in {took:?}.{size}"),
                 );
-                Some(r.into_inner().image_ref)
+                Some(image_ref)
             }
             Err(e) => {
                 tracing::warn!(pod = %self.pod_ref(), image = %image, error = %e.message(), "image pull failed");
