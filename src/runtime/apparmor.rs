@@ -108,9 +108,11 @@ impl Host {
 
     /// The profile the container's process runs under (None: unconfined), from the CRI's
     /// `apparmor` field or, without it, its deprecated `apparmor_profile` string
-    /// (`runtime/default`, `unconfined`, `localhost/<name>`). Unset means the runtime's
-    /// default; privileged containers get no default, only a profile named for them. On a host without AppArmor, RuntimeDefault
-    /// and Unconfined mean no profile, and a named profile is refused: it cannot be enforced.
+    /// (`runtime/default`, `unconfined`, `localhost/<name>`). A Localhost `localhost_ref` is
+    /// the profile's name, with or without the `localhost/` prefix (the kubelet sends it bare,
+    /// critest prefixed). Unset means the runtime's default; privileged containers get no
+    /// default, only a profile named for them. On a host without AppArmor, RuntimeDefault and
+    /// Unconfined mean no profile, and a named profile is refused: it cannot be enforced.
     pub fn profile_for(
         &self,
         sc: &cri::LinuxContainerSecurityContext,
@@ -122,7 +124,12 @@ impl Host {
                 Ok(ProfileType::Unconfined) => ("apparmor", Asked::Unconfined),
                 Ok(ProfileType::Localhost) => (
                     "apparmor.localhost_ref",
-                    Asked::Named(p.localhost_ref.clone()),
+                    Asked::Named(
+                        p.localhost_ref
+                            .strip_prefix("localhost/")
+                            .unwrap_or(&p.localhost_ref)
+                            .to_string(),
+                    ),
                 ),
                 Err(_) => {
                     return Err(SpecError::invalid(
@@ -288,6 +295,11 @@ mod tests {
         assert_eq!(
             got(profile(ProfileType::Localhost, "local-deny-tmp")),
             some("local-deny-tmp")
+        );
+        assert_eq!(
+            got(profile(ProfileType::Localhost, "localhost/local-deny-tmp")),
+            some("local-deny-tmp"),
+            "a prefixed localhost_ref names the same profile"
         );
         assert_eq!(
             got(profile(ProfileType::Localhost, "/usr/bin/man")),
