@@ -1,4 +1,5 @@
-//! A stock kubelet 1.20 (built by `hack/kubernetes.sh`) on a test berthd: its config, root dir,
+//! A stock kubelet (1.20, built by `hack/kubernetes.sh`, or any other given by
+//! `hack/kubelet-check.sh`) on a test berthd: its config and flags by its version, root dir,
 //! ports and cgroup root unique to the test, static pods from a manifest dir, and a guard that
 //! stops it and removes every cgroup and pod log dir it made, even when the test fails.
 
@@ -6,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use berth::client::CriClient;
@@ -114,6 +116,24 @@ pub struct Kubelet {
     log_entries_before: Vec<PathBuf>,
 }
 
+/// The minor version of the kubelet `BERTH_TEST_KUBELET` names (`Kubernetes v1.32.4`: 32),
+/// which decides the flags and config fields it is given.
+pub fn kubelet_minor() -> u32 {
+    static MINOR: OnceLock<u32> = OnceLock::new();
+    *MINOR.get_or_init(|| {
+        let out = Command::new(kube_bin("BERTH_TEST_KUBELET"))
+            .arg("--version")
+            .output()
+            .expect("kubelet --version");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix("v1."))
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no v1.N version in `kubelet --version`: {text:?}"))
+    })
+}
+
 /// The kubelet's fixed log roots: pod log dirs and the container log links.
 const KUBELET_LOG_ROOTS: [&str; 2] = ["/var/log/pods", "/var/log/containers"];
 
@@ -173,9 +193,25 @@ impl Kubelet {
             ),
             None => "authentication:\n  anonymous: {enabled: true}\n  webhook: {enabled: false}\nauthorization: {mode: AlwaysAllow}\n".to_string(),
         };
+        // From 1.27 the runtime's endpoints are config fields (the flags are deprecated and
+        // `--container-runtime` is gone); from 1.31 a kubelet on a cgroup v1 host must be told
+        // that this is wanted.
+        let minor = kubelet_minor();
+        let endpoint = format!("unix://{}", self.socket.display());
+        let mut by_version = String::new();
+        if minor >= 27 {
+            by_version.push_str(&format!(
+                "containerRuntimeEndpoint: {endpoint}\nimageServiceEndpoint: {endpoint}\n"
+            ));
+        }
+        if minor >= 31 {
+            by_version.push_str("failCgroupV1: false\n");
+        }
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\n\
              kind: KubeletConfiguration\n\
+             runtimeRequestTimeout: 2m\n\
+             {by_version}\
              staticPodPath: {manifests}\n\
              fileCheckFrequency: 1s\n\
              syncFrequency: 3s\n\
@@ -218,12 +254,13 @@ impl Kubelet {
             "--cert-dir={}",
             self.dir.path().join("pki").display()
         ))
-        .arg("--container-runtime=remote")
-        .arg(format!("--container-runtime-endpoint={endpoint}"))
-        .arg(format!("--image-service-endpoint={endpoint}"))
-        .arg("--runtime-request-timeout=2m")
         .arg(format!("--hostname-override={}", self.node_name))
         .arg("--v=2");
+        if kubelet_minor() < 27 {
+            c.arg("--container-runtime=remote")
+                .arg(format!("--container-runtime-endpoint={endpoint}"))
+                .arg(format!("--image-service-endpoint={endpoint}"));
+        }
         if let Some(kc) = &self.opts.kubeconfig {
             c.arg(format!("--kubeconfig={}", kc.display()));
         }
