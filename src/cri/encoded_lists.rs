@@ -118,11 +118,7 @@ impl UnaryService<cri::ListContainersRequest> for Containers {
     type Future = Ready<Result<Response<EncodedItems>, Status>>;
 
     fn call(&mut self, req: Request<cri::ListContainersRequest>) -> Self::Future {
-        let recs = self.0.containers().list(req.get_ref().filter.as_ref());
-        let items = recs
-            .iter()
-            .map(|r| r.list_item.get(|| to_list_item(r)).clone())
-            .collect();
+        let items = container_items(&self.0, req.get_ref().filter.as_ref());
         ready(Ok(Response::new(EncodedItems(items))))
     }
 }
@@ -135,15 +131,30 @@ impl UnaryService<cri::ListPodSandboxRequest> for PodSandboxes {
     type Future = Ready<Result<Response<EncodedItems>, Status>>;
 
     fn call(&mut self, req: Request<cri::ListPodSandboxRequest>) -> Self::Future {
-        let items = sandbox_service::listed(self.0.sandboxes(), req.get_ref().filter.as_ref()).map(
-            |recs| {
-                recs.iter()
-                    .map(|r| r.list_item.get(|| sandbox_service::list_item(r)).clone())
-                    .collect()
-            },
-        );
+        let items = sandbox_items(&self.0, req.get_ref().filter.as_ref());
         ready(items.map(|items| Response::new(EncodedItems(items))))
     }
+}
+
+/// The encoded list items of the containers `filter` selects.
+pub fn container_items(api: &RuntimeApi, filter: Option<&cri::ContainerFilter>) -> Vec<Bytes> {
+    api.containers()
+        .list(filter)
+        .iter()
+        .map(|r| r.list_item.get(|| to_list_item(r)).clone())
+        .collect()
+}
+
+/// The encoded list items of the pod sandboxes `filter` selects.
+pub fn sandbox_items(
+    api: &RuntimeApi,
+    filter: Option<&cri::PodSandboxFilter>,
+) -> Result<Vec<Bytes>, Status> {
+    sandbox_service::listed(api.sandboxes(), filter).map(|recs| {
+        recs.iter()
+            .map(|r| r.list_item.get(|| sandbox_service::list_item(r)).clone())
+            .collect()
+    })
 }
 
 #[cfg(test)]

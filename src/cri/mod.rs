@@ -1,5 +1,7 @@
 //! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
 
+mod added_calls;
+mod api_v136;
 mod archive_service;
 mod authority;
 mod checkpoint;

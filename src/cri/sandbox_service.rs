@@ -73,6 +73,10 @@ pub fn status(
                 "cgroupParent": rec.cgroup_parent,
                 "runtimeHandler": rec.runtime_handler,
                 "networkCheck": network_check,
+                "podResources": config.linux.as_ref().map(|l| serde_json::json!({
+                    "overhead": l.overhead,
+                    "resources": l.resources,
+                })),
             })
             .to_string(),
         );

@@ -21,9 +21,9 @@ use tonic::service::Routes;
 use tower::{Service, ServiceExt};
 
 use super::authority::AuthorityFilter;
-use super::encoded_lists;
 use super::v1alpha2::{ImageV1Alpha2, RuntimeV1Alpha2};
 use super::{ArchiveApi, ImageApi, RuntimeApi};
+use super::{added_calls, encoded_lists};
 use crate::archive_api::archives_server::ArchivesServer;
 
 /// Largest CRI message accepted or sent (containerd uses 16 MiB too).
@@ -83,7 +83,7 @@ fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 /// `grpc-timeout` runs out first.
 async fn with_deadline(
     mut routes: Routes,
-    runtime: Arc<RuntimeApi>,
+    apis: Apis,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<http::Response<tonic::body::Body>, std::convert::Infallible> {
     let path = req.uri().path().to_string();
@@ -93,12 +93,16 @@ async fn with_deadline(
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout);
     let list = encoded_lists::route(&path);
+    let added = added_calls::route(&path);
     let span = tracing::debug_span!("cri", method = %path);
     let started = std::time::Instant::now();
     let call = tracing::Instrument::instrument(
         async move {
             if let Some(list) = list {
-                return Ok(encoded_lists::serve(list, runtime, req).await);
+                return Ok(encoded_lists::serve(list, apis.runtime, req).await);
+            }
+            if let Some(call) = added {
+                return Ok(added_calls::serve(call, apis.runtime, apis.images, req).await);
             }
             let ready = match ServiceExt::<http::Request<hyper::body::Incoming>>::ready(&mut routes)
                 .await
@@ -139,6 +143,13 @@ async fn with_deadline(
         );
     }
     answer
+}
+
+/// The services answered beside the router: the cached lists and the calls k8s-cri lacks.
+#[derive(Clone)]
+struct Apis {
+    runtime: Arc<RuntimeApi>,
+    images: Arc<ImageApi>,
 }
 
 /// The CRI services (v1 and v1alpha2) and Berth's archive service as one router.
@@ -196,7 +207,10 @@ pub async fn serve(
     // The socket accepts connections from here on: a `Type=notify` unit is started.
     crate::sd_notify::notify("READY=1");
 
-    let lists = Arc::new(runtime.clone());
+    let apis = Apis {
+        runtime: Arc::new(runtime.clone()),
+        images: Arc::new(images.clone()),
+    };
     let routes = routes(runtime, images);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -213,9 +227,9 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let (routes, lists) = (routes.clone(), lists.clone());
+                let (routes, apis) = (routes.clone(), apis.clone());
                 let svc = tower::service_fn(move |req| {
-                    with_deadline(routes.clone(), lists.clone(), req)
+                    with_deadline(routes.clone(), apis.clone(), req)
                 });
                 let conn = builder
                     .serve_connection(

@@ -807,6 +807,35 @@ impl SandboxManager {
         }
     }
 
+    /// UpdatePodSandboxResources: records the pod-level `overhead` and `resources` in the
+    /// sandbox's config, as the kubelet has just set them on the pod's cgroup (the cgroup is
+    /// the kubelet's to resize; Berth keeps its copy of the config true). An unknown sandbox
+    /// is NotFound.
+    pub async fn update_resources(
+        &self,
+        id: &str,
+        overhead: Option<cri::LinuxContainerResources>,
+        resources: Option<cri::LinuxContainerResources>,
+    ) -> Result<(), SandboxError> {
+        let _guard = self.lock.lock().await;
+        let Some(rec) = self.settled(id)? else {
+            return Err(SandboxError::NotFound(id.to_string()));
+        };
+        let mut config = rec.config();
+        let linux = config.linux.get_or_insert_with(Default::default);
+        linux.overhead = overhead;
+        linux.resources = resources;
+        let updated = SandboxRecord {
+            config_hex: hex::encode(config.encode_to_vec()),
+            decoded: Default::default(),
+            list_item: Default::default(),
+            ..rec
+        };
+        self.save(&updated)?;
+        tracing::info!(sandbox = %updated.id, "pod sandbox resources updated");
+        Ok(())
+    }
+
     /// StopPodSandbox: tears down the network; unknown or stopped sandboxes are fine.
     pub async fn stop(&self, id: &str) -> Result<(), SandboxError> {
         // DEL first, outside the lock, while the netns exists (or from the cache if it is

@@ -1,0 +1,230 @@
+//! The calls cri-api added after v0.32 (Kubernetes 1.33–1.36), which the k8s-cri crate's
+//! generated services do not route: the streaming lists (`StreamPodSandboxes`,
+//! `StreamContainers`, `StreamContainerStats`, `StreamPodSandboxStats`,
+//! `StreamPodSandboxMetrics`, `StreamImages`) and `UpdatePodSandboxResources`.
+//!
+//! A streaming list answers what its unary list would, in messages of at most
+//! [`BATCH_BYTES`] each, so no count of containers meets the 16 MiB message ceiling. Its
+//! request and response messages have the wire shape of the unary list's (filter at 1, items
+//! at 1), so the unary call's own types decode the request and encode each batch.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_server::ImageService;
+use k8s_cri::v1::runtime_service_server::RuntimeService;
+use prost::Message;
+use tonic::server::Grpc;
+use tonic::{Request, Response, Status};
+use tonic_prost::ProstCodec;
+
+use super::api_v136::{UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse};
+use super::encoded_lists::{self, EncodedItems};
+use super::{ImageApi, RuntimeApi};
+
+/// The most bytes of items one streamed message carries (an item larger than this goes alone).
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// A call answered here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddedCall {
+    StreamPodSandboxes,
+    StreamContainers,
+    StreamContainerStats,
+    StreamPodSandboxStats,
+    StreamPodSandboxMetrics,
+    StreamImages,
+    UpdatePodSandboxResources,
+}
+
+/// The call a request path names, if it is one of those answered here.
+pub fn route(path: &str) -> Option<AddedCall> {
+    if let Some(method) = path.strip_prefix("/runtime.v1.RuntimeService/") {
+        return Some(match method {
+            "StreamPodSandboxes" => AddedCall::StreamPodSandboxes,
+            "StreamContainers" => AddedCall::StreamContainers,
+            "StreamContainerStats" => AddedCall::StreamContainerStats,
+            "StreamPodSandboxStats" => AddedCall::StreamPodSandboxStats,
+            "StreamPodSandboxMetrics" => AddedCall::StreamPodSandboxMetrics,
+            "UpdatePodSandboxResources" => AddedCall::UpdatePodSandboxResources,
+            _ => return None,
+        });
+    }
+    (path == "/runtime.v1.ImageService/StreamImages").then_some(AddedCall::StreamImages)
+}
+
+/// The items in messages of at most [`BATCH_BYTES`] (one message when they all fit, none for
+/// no items).
+pub fn batches(items: Vec<Bytes>) -> Vec<EncodedItems> {
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut size = 0;
+    for item in items {
+        if !current.is_empty() && size + item.len() > BATCH_BYTES {
+            out.push(EncodedItems(std::mem::take(&mut current)));
+            size = 0;
+        }
+        size += item.len();
+        current.push(item);
+    }
+    if !current.is_empty() {
+        out.push(EncodedItems(current));
+    }
+    out
+}
+
+fn encoded<M: Message>(items: &[M]) -> Vec<Bytes> {
+    items
+        .iter()
+        .map(|m| Bytes::from(m.encode_to_vec()))
+        .collect()
+}
+
+/// Streams the items `list` produces from the decoded request.
+async fn stream_of<Req, F, Fut>(
+    req: http::Request<hyper::body::Incoming>,
+    list: F,
+) -> http::Response<tonic::body::Body>
+where
+    Req: Message + Default + Send + 'static,
+    F: FnOnce(Req) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<Bytes>, Status>> + Send + 'static,
+{
+    let max = Some(super::server::MAX_MESSAGE);
+    let svc = tower::service_fn(move |r: Request<Req>| {
+        let list = list.clone();
+        async move {
+            let items = list(r.into_inner()).await?;
+            let messages = batches(items).into_iter().map(Ok::<_, Status>);
+            Ok::<_, Status>(Response::new(stream::iter(messages)))
+        }
+    });
+    Grpc::new(ProstCodec::<EncodedItems, Req>::default())
+        .apply_max_message_size_config(max, max)
+        .server_streaming(svc, req)
+        .await
+}
+
+/// Answers one request for an added call.
+pub async fn serve(
+    call: AddedCall,
+    runtime: Arc<RuntimeApi>,
+    images: Arc<ImageApi>,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<tonic::body::Body> {
+    match call {
+        AddedCall::StreamContainers => {
+            stream_of(req, move |r: cri::ListContainersRequest| async move {
+                Ok(encoded_lists::container_items(&runtime, r.filter.as_ref()))
+            })
+            .await
+        }
+        AddedCall::StreamPodSandboxes => {
+            stream_of(req, move |r: cri::ListPodSandboxRequest| async move {
+                encoded_lists::sandbox_items(&runtime, r.filter.as_ref())
+            })
+            .await
+        }
+        AddedCall::StreamContainerStats => {
+            stream_of(req, move |r: cri::ListContainerStatsRequest| async move {
+                let resp = runtime.list_container_stats(Request::new(r)).await?;
+                Ok(encoded(&resp.into_inner().stats))
+            })
+            .await
+        }
+        AddedCall::StreamPodSandboxStats => {
+            stream_of(req, move |r: cri::ListPodSandboxStatsRequest| async move {
+                let resp = runtime.list_pod_sandbox_stats(Request::new(r)).await?;
+                Ok(encoded(&resp.into_inner().stats))
+            })
+            .await
+        }
+        AddedCall::StreamPodSandboxMetrics => {
+            stream_of(
+                req,
+                move |r: cri::ListPodSandboxMetricsRequest| async move {
+                    let resp = runtime.list_pod_sandbox_metrics(Request::new(r)).await?;
+                    Ok(encoded(&resp.into_inner().pod_metrics))
+                },
+            )
+            .await
+        }
+        AddedCall::StreamImages => {
+            stream_of(req, move |r: cri::ListImagesRequest| async move {
+                let resp = images.list_images(Request::new(r)).await?;
+                Ok(encoded(&resp.into_inner().images))
+            })
+            .await
+        }
+        AddedCall::UpdatePodSandboxResources => {
+            let svc = tower::service_fn(move |r: Request<UpdatePodSandboxResourcesRequest>| {
+                let runtime = runtime.clone();
+                async move {
+                    let r = r.into_inner();
+                    runtime
+                        .sandboxes()
+                        .update_resources(&r.pod_sandbox_id, r.overhead, r.resources)
+                        .await?;
+                    Ok::<_, Status>(Response::new(UpdatePodSandboxResourcesResponse {}))
+                }
+            });
+            let max = Some(super::server::MAX_MESSAGE);
+            Grpc::new(ProstCodec::<
+                UpdatePodSandboxResourcesResponse,
+                UpdatePodSandboxResourcesRequest,
+            >::default())
+            .apply_max_message_size_config(max, max)
+            .unary(svc, req)
+            .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn added_calls_route_by_their_published_paths() {
+        assert_eq!(
+            route("/runtime.v1.RuntimeService/StreamContainers"),
+            Some(AddedCall::StreamContainers)
+        );
+        assert_eq!(
+            route("/runtime.v1.ImageService/StreamImages"),
+            Some(AddedCall::StreamImages)
+        );
+        assert_eq!(
+            route("/runtime.v1.RuntimeService/UpdatePodSandboxResources"),
+            Some(AddedCall::UpdatePodSandboxResources)
+        );
+        assert_eq!(route("/runtime.v1.RuntimeService/ListContainers"), None);
+        assert_eq!(
+            route("/runtime.v1alpha2.RuntimeService/StreamContainers"),
+            None
+        );
+        assert_eq!(route("/runtime.v1.RuntimeService/StreamImages"), None);
+    }
+
+    #[test]
+    fn batches_stay_under_the_bound_and_keep_every_item_in_order() {
+        let items: Vec<Bytes> = (0..50u8)
+            .map(|i| Bytes::from(vec![i; 100 * 1024]))
+            .collect();
+        let out = batches(items.clone());
+        assert!(out.len() > 1, "{} batches", out.len());
+        for b in &out {
+            assert!(b.0.iter().map(Bytes::len).sum::<usize>() <= BATCH_BYTES);
+        }
+        let flat: Vec<Bytes> = out.into_iter().flat_map(|b| b.0).collect();
+        assert_eq!(flat, items);
+        assert!(batches(Vec::new()).is_empty());
+        let huge = vec![
+            Bytes::from(vec![1; BATCH_BYTES + 1]),
+            Bytes::from_static(b"x"),
+        ];
+        assert_eq!(batches(huge).len(), 2, "an oversized item goes alone");
+    }
+}

@@ -1,0 +1,56 @@
+//! CRI messages that cri-api added after v0.32 (Kubernetes 1.33–1.36) and the k8s-cri crate
+//! does not define, written from the published API: their field numbers are the wire
+//! interface. The streaming list calls need none: each `Stream*Request` has the wire shape of
+//! its `List*Request` (the filter at 1) and each `Stream*Response` that of its
+//! `List*Response` (the repeated items at 1), so those are served with the crate's types.
+
+use k8s_cri::v1 as cri;
+
+/// `runtime.v1.UpdatePodSandboxResourcesRequest`: the pod-level resources the kubelet has
+/// just applied to the pod's cgroup (in-place resize).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UpdatePodSandboxResourcesRequest {
+    /// The sandbox.
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+    /// The pod's overhead (RuntimeClass).
+    #[prost(message, optional, tag = "2")]
+    pub overhead: Option<cri::LinuxContainerResources>,
+    /// The pod's resources, overhead included.
+    #[prost(message, optional, tag = "3")]
+    pub resources: Option<cri::LinuxContainerResources>,
+}
+
+/// `runtime.v1.UpdatePodSandboxResourcesResponse`: empty.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UpdatePodSandboxResourcesResponse {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn the_update_request_keeps_its_published_field_numbers() {
+        let req = UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: "p".into(),
+            overhead: Some(cri::LinuxContainerResources {
+                cpu_shares: 2,
+                ..Default::default()
+            }),
+            resources: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 3,
+                ..Default::default()
+            }),
+        };
+        // id (1, bytes): 0x0a; overhead (2, message): 0x12; resources (3, message): 0x1a.
+        let bytes = req.encode_to_vec();
+        assert_eq!(&bytes[..3], &[0x0a, 1, b'p']);
+        assert_eq!(bytes[3], 0x12);
+        assert!(bytes.contains(&0x1a));
+        assert_eq!(
+            UpdatePodSandboxResourcesRequest::decode(bytes.as_slice()).expect("decode"),
+            req
+        );
+    }
+}

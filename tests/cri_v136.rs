@@ -1,0 +1,344 @@
+//! The calls cri-api added after v0.32 against a real berthd, through a gRPC client that
+//! names them by their published paths: the streaming lists answer what the unary lists do
+//! and go past the 16 MiB message ceiling, and UpdatePodSandboxResources records the pod's
+//! resources (kept across a restart) or names an unknown sandbox.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use k8s_cri::v1 as cri;
+use prost::Message;
+use tonic::Code;
+use tonic::codegen::http::uri::PathAndQuery;
+
+/// Every message a streaming call sends, with the unary list's request and response types.
+async fn stream_all<Req, Resp>(
+    c: &berth::client::CriClient,
+    path: &'static str,
+    req: Req,
+) -> Result<Vec<Resp>, tonic::Status>
+where
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(c.channel()).max_decoding_message_size(16 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    let mut stream = grpc
+        .server_streaming(
+            tonic::Request::new(req),
+            PathAndQuery::from_static(path),
+            codec,
+        )
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await? {
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// A unary call by path.
+async fn unary<Req, Resp>(
+    c: &berth::client::CriClient,
+    path: &'static str,
+    req: Req,
+) -> Result<Resp, tonic::Status>
+where
+    Req: Message + Send + Sync + 'static,
+    Resp: Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(c.channel());
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    grpc.unary(
+        tonic::Request::new(req),
+        PathAndQuery::from_static(path),
+        codec,
+    )
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn streaming_lists_answer_as_the_unary_lists_do() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let img = image("busybox");
+    pull(&c, &img).await.expect("pull");
+    let logs = TempDir::new("stream-lists");
+    let mut pods = Vec::new();
+    let mut containers = Vec::new();
+    for i in 0..3 {
+        let config = pod_config(&format!("stream-{i}"), logs.path(), cri::NamespaceMode::Pod);
+        let pod = run_pod(&c, &config).await;
+        let ctr = sh_container("main", &img, "sleep 300", cri::NamespaceMode::Pod);
+        containers.push(run_container(&c, &pod, &config, ctr).await);
+        pods.push(pod);
+    }
+    let ids = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
+
+    let streamed: Vec<cri::ListContainersResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamContainers",
+        cri::ListContainersRequest::default(),
+    )
+    .await
+    .expect("StreamContainers");
+    let listed = list_containers(&c).await;
+    assert_eq!(
+        ids(streamed
+            .into_iter()
+            .flat_map(|m| m.containers)
+            .map(|c| c.id)
+            .collect()),
+        ids(listed.iter().map(|c| c.id.clone()).collect())
+    );
+    // A filter is the unary call's.
+    let one: Vec<cri::ListContainersResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamContainers",
+        cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                id: containers[1].clone(),
+                ..Default::default()
+            }),
+        },
+    )
+    .await
+    .expect("StreamContainers with a filter");
+    let one: Vec<String> = one
+        .into_iter()
+        .flat_map(|m| m.containers)
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(one, vec![containers[1].clone()]);
+
+    let sandboxes: Vec<cri::ListPodSandboxResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamPodSandboxes",
+        cri::ListPodSandboxRequest::default(),
+    )
+    .await
+    .expect("StreamPodSandboxes");
+    assert_eq!(
+        ids(sandboxes
+            .into_iter()
+            .flat_map(|m| m.items)
+            .map(|s| s.id)
+            .collect()),
+        ids(pods.clone())
+    );
+
+    let stats: Vec<cri::ListContainerStatsResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamContainerStats",
+        cri::ListContainerStatsRequest::default(),
+    )
+    .await
+    .expect("StreamContainerStats");
+    let stats: Vec<cri::ContainerStats> = stats.into_iter().flat_map(|m| m.stats).collect();
+    assert_eq!(
+        ids(stats
+            .iter()
+            .filter_map(|s| s.attributes.as_ref())
+            .map(|a| a.id.clone())
+            .collect()),
+        ids(containers.clone())
+    );
+    assert!(
+        stats.iter().all(|s| s
+            .memory
+            .as_ref()
+            .is_some_and(|m| m.working_set_bytes.is_some())),
+        "{stats:?}"
+    );
+
+    let pod_stats: Vec<cri::ListPodSandboxStatsResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamPodSandboxStats",
+        cri::ListPodSandboxStatsRequest::default(),
+    )
+    .await
+    .expect("StreamPodSandboxStats");
+    assert_eq!(
+        ids(pod_stats
+            .into_iter()
+            .flat_map(|m| m.stats)
+            .filter_map(|s| s.attributes.map(|a| a.id))
+            .collect()),
+        ids(pods.clone())
+    );
+
+    let metrics: Vec<cri::ListPodSandboxMetricsResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamPodSandboxMetrics",
+        cri::ListPodSandboxMetricsRequest::default(),
+    )
+    .await
+    .expect("StreamPodSandboxMetrics");
+    let unary_metrics = c
+        .runtime()
+        .list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest::default())
+        .await
+        .expect("ListPodSandboxMetrics")
+        .into_inner();
+    assert_eq!(
+        ids(metrics
+            .into_iter()
+            .flat_map(|m| m.pod_metrics)
+            .map(|m| m.pod_sandbox_id)
+            .collect()),
+        ids(unary_metrics
+            .pod_metrics
+            .into_iter()
+            .map(|m| m.pod_sandbox_id)
+            .collect())
+    );
+
+    let images: Vec<cri::ListImagesResponse> = stream_all(
+        &c,
+        "/runtime.v1.ImageService/StreamImages",
+        cri::ListImagesRequest::default(),
+    )
+    .await
+    .expect("StreamImages");
+    assert_eq!(
+        ids(images
+            .into_iter()
+            .flat_map(|m| m.images)
+            .map(|i| i.id)
+            .collect()),
+        ids(list(&c).await.into_iter().map(|i| i.id).collect())
+    );
+
+    for pod in &pods {
+        remove_pod(&c, pod).await;
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_list_goes_past_the_16_mib_message_ceiling() {
+    // 40 pods with 512 KiB of annotations each: 20 MiB of list items.
+    let d = Daemon::start();
+    let c = d.client().await;
+    let logs = TempDir::new("stream-big");
+    let mut pods = Vec::new();
+    for i in 0..40 {
+        let mut config = pod_config(&format!("big-{i}"), logs.path(), cri::NamespaceMode::Pod);
+        config
+            .annotations
+            .insert("bulk".into(), "x".repeat(512 * 1024));
+        pods.push(run_pod(&c, &config).await);
+    }
+    let unary = c
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await;
+    assert!(unary.is_err(), "the unary list fits in one message");
+    let streamed: Vec<cri::ListPodSandboxResponse> = stream_all(
+        &c,
+        "/runtime.v1.RuntimeService/StreamPodSandboxes",
+        cri::ListPodSandboxRequest::default(),
+    )
+    .await
+    .expect("StreamPodSandboxes");
+    assert!(streamed.len() > 16, "{} messages", streamed.len());
+    let got: BTreeSet<String> = streamed
+        .into_iter()
+        .flat_map(|m| m.items)
+        .inspect(|s| assert_eq!(s.annotations["bulk"].len(), 512 * 1024))
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(got, pods.iter().cloned().collect());
+    for pod in &pods {
+        remove_pod(&c, pod).await;
+    }
+}
+
+/// `runtime.v1.UpdatePodSandboxResourcesRequest`, as the published API numbers it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct UpdatePodSandboxResourcesRequest {
+    #[prost(string, tag = "1")]
+    pod_sandbox_id: String,
+    #[prost(message, optional, tag = "2")]
+    overhead: Option<cri::LinuxContainerResources>,
+    #[prost(message, optional, tag = "3")]
+    resources: Option<cri::LinuxContainerResources>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct UpdatePodSandboxResourcesResponse {}
+
+async fn pod_resources(c: &berth::client::CriClient, id: &str) -> serde_json::Value {
+    let resp = c
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner();
+    let info: serde_json::Value =
+        serde_json::from_str(&resp.info["info"]).expect("verbose info JSON");
+    info["podResources"].clone()
+}
+
+#[tokio::test]
+async fn update_pod_sandbox_resources_records_them_and_names_an_unknown_pod() {
+    let mut d = Daemon::start();
+    let c = d.client().await;
+    let logs = TempDir::new("pod-resize");
+    let config = pod_config("resize", logs.path(), cri::NamespaceMode::Pod);
+    let pod = run_pod(&c, &config).await;
+    let path = "/runtime.v1.RuntimeService/UpdatePodSandboxResources";
+    let update = UpdatePodSandboxResourcesRequest {
+        pod_sandbox_id: pod.clone(),
+        overhead: Some(cri::LinuxContainerResources {
+            cpu_shares: 25,
+            ..Default::default()
+        }),
+        resources: Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 256 << 20,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            ..Default::default()
+        }),
+    };
+    let _: UpdatePodSandboxResourcesResponse = unary(&c, path, update)
+        .await
+        .expect("UpdatePodSandboxResources");
+    let check = |r: &serde_json::Value| {
+        assert_eq!(r["resources"]["memory_limit_in_bytes"], 256 << 20, "{r}");
+        assert_eq!(r["resources"]["cpu_quota"], 50_000, "{r}");
+        assert_eq!(r["overhead"]["cpu_shares"], 25, "{r}");
+    };
+    check(&pod_resources(&c, &pod).await);
+    // Kept in the record: a restarted berthd reports the same.
+    d.stop();
+    d.spawn();
+    let c = d.client().await;
+    check(&pod_resources(&c, &pod).await);
+
+    let e = unary::<_, UpdatePodSandboxResourcesResponse>(
+        &c,
+        path,
+        UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: "no-such-pod".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect_err("unknown pod");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains("no-such-pod"), "{}", e.message());
+    remove_pod(&c, &pod).await;
+}
