@@ -342,3 +342,129 @@ async fn update_pod_sandbox_resources_records_them_and_names_an_unknown_pod() {
     assert!(e.message().contains("no-such-pod"), "{}", e.message());
     remove_pod(&c, &pod).await;
 }
+
+/// A CreateContainerRequest whose config carries `stop_signal` (18) as a v0.36 client writes
+/// it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CreateWithStopSignal {
+    #[prost(string, tag = "1")]
+    pod_sandbox_id: String,
+    #[prost(bytes = "vec", tag = "2")]
+    config: Vec<u8>,
+    #[prost(message, optional, tag = "3")]
+    sandbox_config: Option<cri::PodSandboxConfig>,
+}
+
+/// The part of a v0.36 ContainerStatusResponse this test reads: `status.stop_signal` (19).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusStopSignal {
+    #[prost(message, optional, tag = "1")]
+    status: Option<StopSignalOnly>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct StopSignalOnly {
+    #[prost(int32, tag = "19")]
+    stop_signal: i32,
+}
+
+/// The CRI `Signal` values of SIGUSR1 and SIGTERM.
+const CRI_SIGUSR1: i32 = 29;
+const CRI_SIGTERM: i32 = 23;
+
+async fn stop_signal_reported(c: &berth::client::CriClient, id: &str) -> i32 {
+    let s: StatusStopSignal = unary(
+        c,
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        },
+    )
+    .await
+    .expect("ContainerStatus");
+    s.status.map_or(0, |s| s.stop_signal)
+}
+
+#[tokio::test]
+async fn the_config_s_stop_signal_stops_the_container_and_is_reported() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let img = image("busybox");
+    pull(&c, &img).await.expect("pull");
+    let logs = TempDir::new("stop-signal");
+    let pod_cfg = pod_config("stopsig", logs.path(), cri::NamespaceMode::Pod);
+    let pod = run_pod(&c, &pod_cfg).await;
+    // SIGUSR1 ends it with 7; SIGTERM is ignored, so only the asked-for signal ends it early.
+    let script = "trap 'exit 7' USR1; trap '' TERM; echo ready; while true; do sleep 0.1; done";
+    let config = sh_container("usr1", &img, script, cri::NamespaceMode::Pod);
+    let mut config_bytes = config.encode_to_vec();
+    prost::encoding::int32::encode(18, &CRI_SIGUSR1, &mut config_bytes);
+    let created: cri::CreateContainerResponse = unary(
+        &c,
+        "/runtime.v1.RuntimeService/CreateContainer",
+        CreateWithStopSignal {
+            pod_sandbox_id: pod.clone(),
+            config: config_bytes,
+            sandbox_config: Some(pod_cfg.clone()),
+        },
+    )
+    .await
+    .expect("CreateContainer with a stop signal");
+    let id = created.container_id;
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("StartContainer");
+    assert_eq!(stop_signal_reported(&c, &id).await, CRI_SIGUSR1);
+    // Once the trap is set (it echoes first), a stop with a long grace period.
+    let log = logs.path().join("usr1.log");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("ready")
+    {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "the container never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    c.runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 60,
+        })
+        .await
+        .expect("StopContainer");
+    let status = container_status(&c, &id).await.expect("ContainerStatus");
+    assert_eq!(status.exit_code, 7, "ended by SIGUSR1's trap: {status:?}");
+
+    // Without one: SIGTERM (the image has no StopSignal), reported as such.
+    let plain = sh_container("plain", &img, "sleep 300", cri::NamespaceMode::Pod);
+    let plain = run_container(&c, &pod, &pod_cfg, plain).await;
+    assert_eq!(stop_signal_reported(&c, &plain).await, CRI_SIGTERM);
+    // A value the enum lacks is refused, naming the container.
+    let mut bad = sh_container("bad", &img, "true", cri::NamespaceMode::Pod).encode_to_vec();
+    prost::encoding::int32::encode(18, &99, &mut bad);
+    let e = unary::<_, cri::CreateContainerResponse>(
+        &c,
+        "/runtime.v1.RuntimeService/CreateContainer",
+        CreateWithStopSignal {
+            pod_sandbox_id: pod.clone(),
+            config: bad,
+            sandbox_config: Some(pod_cfg.clone()),
+        },
+    )
+    .await
+    .expect_err("stop signal 99");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("bad") && e.message().contains("99"),
+        "{}",
+        e.message()
+    );
+    remove_pod(&c, &pod).await;
+}

@@ -1,7 +1,9 @@
 //! The calls cri-api added after v0.32 (Kubernetes 1.33–1.36), which the k8s-cri crate's
 //! generated services do not route: the streaming lists (`StreamPodSandboxes`,
 //! `StreamContainers`, `StreamContainerStats`, `StreamPodSandboxStats`,
-//! `StreamPodSandboxMetrics`, `StreamImages`) and `UpdatePodSandboxResources`.
+//! `StreamPodSandboxMetrics`, `StreamImages`) and `UpdatePodSandboxResources`; and the v1
+//! calls whose messages gained fields k8s-cri cannot carry (`CreateContainer` and
+//! `ContainerStatus`: the stop signal), served through [`super::wire_extensions`].
 //!
 //! A streaming list answers what its unary list would, in messages of at most
 //! [`BATCH_BYTES`] each, so no count of containers meets the 16 MiB message ceiling. Its
@@ -20,8 +22,12 @@ use tonic::server::Grpc;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
-use super::api_v136::{UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse};
+use super::api_v136::{
+    ContainerStatusExt, ContainerStatusResponseExt, CreateContainerRequestExt,
+    UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
+};
 use super::encoded_lists::{self, EncodedItems};
+use super::wire_extensions::{Appended, DualCodec};
 use super::{ImageApi, RuntimeApi};
 
 /// The most bytes of items one streamed message carries (an item larger than this goes alone).
@@ -37,6 +43,8 @@ pub enum AddedCall {
     StreamPodSandboxMetrics,
     StreamImages,
     UpdatePodSandboxResources,
+    CreateContainer,
+    ContainerStatus,
 }
 
 /// The call a request path names, if it is one of those answered here.
@@ -49,6 +57,8 @@ pub fn route(path: &str) -> Option<AddedCall> {
             "StreamPodSandboxStats" => AddedCall::StreamPodSandboxStats,
             "StreamPodSandboxMetrics" => AddedCall::StreamPodSandboxMetrics,
             "UpdatePodSandboxResources" => AddedCall::UpdatePodSandboxResources,
+            "CreateContainer" => AddedCall::CreateContainer,
+            "ContainerStatus" => AddedCall::ContainerStatus,
             _ => return None,
         });
     }
@@ -156,6 +166,56 @@ pub async fn serve(
                 let resp = images.list_images(Request::new(r)).await?;
                 Ok(encoded(&resp.into_inner().images))
             })
+            .await
+        }
+        AddedCall::CreateContainer => {
+            let svc = tower::service_fn(
+                move |r: Request<(cri::CreateContainerRequest, CreateContainerRequestExt)>| {
+                    let runtime = runtime.clone();
+                    async move {
+                        let (req, ext) = r.into_inner();
+                        let mut req = Request::new(req);
+                        req.extensions_mut().insert(ext);
+                        runtime.create_container(req).await
+                    }
+                },
+            );
+            let max = Some(super::server::MAX_MESSAGE);
+            Grpc::new(DualCodec::<
+                cri::CreateContainerResponse,
+                cri::CreateContainerRequest,
+                CreateContainerRequestExt,
+            >::default())
+            .apply_max_message_size_config(max, max)
+            .unary(svc, req)
+            .await
+        }
+        AddedCall::ContainerStatus => {
+            let svc = tower::service_fn(move |r: Request<cri::ContainerStatusRequest>| {
+                let runtime = runtime.clone();
+                async move {
+                    let resp = runtime.container_status(r).await?.into_inner();
+                    let id = resp
+                        .status
+                        .as_ref()
+                        .map(|s| s.id.clone())
+                        .unwrap_or_default();
+                    let stop_signal = runtime.containers().find(&id).map_or(0, |rec| {
+                        crate::runtime::stop_signal::to_cri(rec.stop_signal)
+                    });
+                    let ext = ContainerStatusResponseExt {
+                        status: Some(ContainerStatusExt { stop_signal }),
+                    };
+                    Ok::<_, Status>(Response::new(Appended(resp, ext)))
+                }
+            });
+            let max = Some(super::server::MAX_MESSAGE);
+            Grpc::new(ProstCodec::<
+                Appended<cri::ContainerStatusResponse, ContainerStatusResponseExt>,
+                cri::ContainerStatusRequest,
+            >::default())
+            .apply_max_message_size_config(max, max)
+            .unary(svc, req)
             .await
         }
         AddedCall::UpdatePodSandboxResources => {

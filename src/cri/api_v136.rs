@@ -25,6 +25,38 @@ pub struct UpdatePodSandboxResourcesRequest {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct UpdatePodSandboxResourcesResponse {}
 
+/// The v0.36 fields of a CreateContainerRequest, read beside k8s-cri's message from the same
+/// bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CreateContainerRequestExt {
+    #[prost(message, optional, tag = "2")]
+    pub config: Option<ContainerConfigExt>,
+}
+
+/// The v0.36 fields of a ContainerConfig.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerConfigExt {
+    /// `Signal stop_signal = 18`: the signal StopContainer sends first (0: the runtime's
+    /// default, the image's StopSignal or SIGTERM).
+    #[prost(int32, tag = "18")]
+    pub stop_signal: i32,
+}
+
+/// The v0.36 fields of a ContainerStatusResponse, written after k8s-cri's message.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerStatusResponseExt {
+    #[prost(message, optional, tag = "1")]
+    pub status: Option<ContainerStatusExt>,
+}
+
+/// The v0.36 fields of a ContainerStatus.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerStatusExt {
+    /// `Signal stop_signal = 19`: the signal StopContainer sends first.
+    #[prost(int32, tag = "19")]
+    pub stop_signal: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,8 +185,15 @@ pub(super) async fn create_container(
     request: Request<cri::CreateContainerRequest>,
 ) -> Result<Response<cri::CreateContainerResponse>, Status> {
     let containers = api.containers.clone();
+    // A v0.34+ client's stop signal, read off the wire beside k8s-cri's message.
+    let stop_signal = request
+        .extensions()
+        .get::<super::api_v136::CreateContainerRequestExt>()
+        .and_then(|e| e.config.as_ref())
+        .map_or(0, |c| c.stop_signal);
     let req = Arc::new(request.into_inner());
-    let container_id = to_completion(async move { Ok(containers.create(req).await?) }).await?;
+    let container_id =
+        to_completion(async move { Ok(containers.create(req, stop_signal).await?) }).await?;
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
 }
 

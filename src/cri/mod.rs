@@ -18,6 +18,7 @@ pub(crate) mod server;
 pub(crate) mod stats_service;
 mod stream_service;
 mod v1alpha2;
+mod wire_extensions;
 
 pub use archive_service::ArchiveApi;
 pub use encoded_lists::EncodedItems;

@@ -92,12 +92,19 @@ pub struct ContainerRecord {
     /// removing it only deletes files and the record.
     #[serde(default)]
     pub retired: bool,
+    /// The signal StopContainer sends first (see [`super::stop_signal`]).
+    #[serde(default = "default_stop_signal")]
+    pub stop_signal: i32,
     /// `config_hex` decoded, once.
     #[serde(skip)]
     pub decoded: Decoded<cri::ContainerConfig>,
     /// The record's ListContainers item, encoded once.
     #[serde(skip)]
     pub list_item: Encoded,
+}
+
+fn default_stop_signal() -> i32 {
+    super::stop_signal::DEFAULT
 }
 
 impl ContainerRecord {
@@ -329,14 +336,19 @@ impl ContainerManager {
     }
 
     /// CreateContainer: the first call's id for a retried request.
+    /// `stop_signal` is the config's CRI `Signal` value (0: the image's or SIGTERM).
     pub async fn create(
         &self,
         req: Arc<cri::CreateContainerRequest>,
+        stop_signal: i32,
     ) -> Result<String, ContainerError> {
         let config = req.config.as_ref().ok_or_else(|| {
             CreateError::InvalidArgument("CreateContainer: config is missing".into())
         })?;
         let meta = config.metadata.clone().unwrap_or_default();
+        let requested_stop_signal = super::stop_signal::from_cri(stop_signal).map_err(|e| {
+            CreateError::InvalidArgument(format!("CreateContainer {}: {e}", meta.name))
+        })?;
         check_log_path(&meta.name, &config.log_path)?;
         let sandbox_name = req
             .sandbox_config
@@ -416,6 +428,10 @@ impl ContainerManager {
                 &prepared.id[..24.min(prepared.id.len())]
             )),
             exit_file: bundle.join("exit.json"),
+            stop_signal: super::stop_signal::resolve(
+                requested_stop_signal,
+                &prepared.image_stop_signal,
+            ),
             bundle,
             uid: user.uid,
             gid: user.gid,
@@ -663,7 +679,7 @@ impl ContainerManager {
             )
         };
         if timeout > 0 {
-            if let Err(e) = kill(libc::SIGTERM, false).await {
+            if let Err(e) = kill(rec.stop_signal, false).await {
                 return self.exited_before_kill(rec, &shim, e).await;
             }
             let ms = (timeout as u64).saturating_mul(1000);

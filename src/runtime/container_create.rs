@@ -81,6 +81,8 @@ pub struct Prepared {
     /// Host directories created for CRI mounts whose host path was missing (removed again
     /// only by a failed create; a removed container leaves them, as the kubelet expects).
     pub created_host_dirs: Vec<PathBuf>,
+    /// The image's `StopSignal`, as its config writes it (empty: none).
+    pub image_stop_signal: String,
 }
 
 impl ContainerCreator {
@@ -297,6 +299,7 @@ impl ContainerCreator {
             .config_json(image)
             .map(|v| spec::parse_image_config(&v))
             .unwrap_or_default();
+        prepared.image_stop_signal = image_config.stop_signal.clone();
         let sandbox_config = sandbox.config();
         let paths = SandboxPaths {
             hosts: Some(sandbox.file("hosts")),

@@ -24,6 +24,7 @@ pub mod shim_client;
 pub mod spec;
 pub mod spec_seccomp;
 pub mod spec_user;
+pub mod stop_signal;
 pub mod systemd_units;
 pub mod unrecorded;
 pub mod userns;
