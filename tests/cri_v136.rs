@@ -468,3 +468,86 @@ async fn the_config_s_stop_signal_stops_the_container_and_is_reported() {
     );
     remove_pod(&c, &pod).await;
 }
+
+/// A ContainerConfig's bytes whose mounts carry `image_sub_path` (10) as a v0.36 client
+/// writes it: `config` without mounts, then each mount with its sub path.
+fn config_with_image_sub_paths(
+    config: &cri::ContainerConfig,
+    mounts: &[(cri::Mount, &str)],
+) -> Vec<u8> {
+    let mut bytes = cri::ContainerConfig {
+        mounts: Vec::new(),
+        ..config.clone()
+    }
+    .encode_to_vec();
+    for (mount, sub_path) in mounts {
+        let mut m = mount.encode_to_vec();
+        prost::encoding::string::encode(10, &sub_path.to_string(), &mut m);
+        prost::encoding::bytes::encode(7, &m, &mut bytes);
+    }
+    bytes
+}
+
+#[tokio::test]
+async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let img = image("busybox");
+    pull(&c, &img).await.expect("pull");
+    let logs = TempDir::new("image-sub-path");
+    let pod_cfg = pod_config("subpath", logs.path(), cri::NamespaceMode::Pod);
+    let pod = run_pod(&c, &pod_cfg).await;
+    let volume = cri::Mount {
+        container_path: "/vol".into(),
+        readonly: true,
+        image: Some(cri::ImageSpec {
+            image: img.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let create = |name: &str, sub_path: &'static str| {
+        let config = sh_container(name, &img, "sleep 300", cri::NamespaceMode::Pod);
+        CreateWithStopSignal {
+            pod_sandbox_id: pod.clone(),
+            config: config_with_image_sub_paths(&config, &[(volume.clone(), sub_path)]),
+            sandbox_config: Some(pod_cfg.clone()),
+        }
+    };
+    let path = "/runtime.v1.RuntimeService/CreateContainer";
+    let made: cri::CreateContainerResponse = unary(&c, path, create("etc", "etc"))
+        .await
+        .expect("CreateContainer with an image sub path");
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: made.container_id.clone(),
+        })
+        .await
+        .expect("StartContainer");
+    // /vol is the image's /etc, not its root.
+    let out = exec_ok(&c, &made.container_id, &["ls", "/vol"]).await;
+    assert!(out.contains("passwd") && !out.contains("bin"), "{out}");
+
+    let before = list_containers(&c).await.len();
+    let snapshots = d.snapshot_dirs();
+    let e = unary::<_, cri::CreateContainerResponse>(&c, path, create("missing", "no/such/dir"))
+        .await
+        .expect_err("a sub path the image lacks");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("image_sub_path") && e.message().contains("no/such/dir"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(
+        list_containers(&c).await.len(),
+        before,
+        "a refused container left behind"
+    );
+    assert_eq!(
+        d.snapshot_dirs(),
+        snapshots,
+        "the refused volume's snapshot left behind"
+    );
+    remove_pod(&c, &pod).await;
+}

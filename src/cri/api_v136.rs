@@ -40,6 +40,17 @@ pub struct ContainerConfigExt {
     /// default, the image's StopSignal or SIGTERM).
     #[prost(int32, tag = "18")]
     pub stop_signal: i32,
+    /// `repeated Mount mounts = 7`, in the order of k8s-cri's.
+    #[prost(message, repeated, tag = "7")]
+    pub mounts: Vec<MountExt>,
+}
+
+/// The v0.36 fields of a Mount.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MountExt {
+    /// `string image_sub_path = 10`: the directory of an image volume to mount, not its root.
+    #[prost(string, tag = "10")]
+    pub image_sub_path: String,
 }
 
 /// The v0.36 fields of a ContainerStatusResponse, written after k8s-cri's message.

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use super::runtime_service::{RuntimeApi, to_completion};
 use crate::image::ImageManager;
 use crate::runtime::container::{ContainerError, ContainerRecord, ContainerState, cri_state};
+use crate::runtime::container_create::CreateExtras;
 use crate::runtime::container_create::{CreateError, volumes};
 
 impl From<ContainerError> for Status {
@@ -185,15 +186,19 @@ pub(super) async fn create_container(
     request: Request<cri::CreateContainerRequest>,
 ) -> Result<Response<cri::CreateContainerResponse>, Status> {
     let containers = api.containers.clone();
-    // A v0.34+ client's stop signal, read off the wire beside k8s-cri's message.
-    let stop_signal = request
+    // A v0.34+ client's fields, read off the wire beside k8s-cri's message.
+    let extras = request
         .extensions()
         .get::<super::api_v136::CreateContainerRequestExt>()
         .and_then(|e| e.config.as_ref())
-        .map_or(0, |c| c.stop_signal);
+        .map(|c| CreateExtras {
+            stop_signal: c.stop_signal,
+            image_sub_paths: c.mounts.iter().map(|m| m.image_sub_path.clone()).collect(),
+        })
+        .unwrap_or_default();
     let req = Arc::new(request.into_inner());
     let container_id =
-        to_completion(async move { Ok(containers.create(req, stop_signal).await?) }).await?;
+        to_completion(async move { Ok(containers.create(req, extras).await?) }).await?;
     Ok(Response::new(cri::CreateContainerResponse { container_id }))
 }
 

@@ -136,7 +136,11 @@ mod tests {
             ..Default::default()
         };
         let mut config_bytes = config.encode_to_vec();
-        ContainerConfigExt { stop_signal: 18 }.encode_raw(&mut config_bytes);
+        ContainerConfigExt {
+            stop_signal: 18,
+            ..Default::default()
+        }
+        .encode_raw(&mut config_bytes);
         let mut req = Vec::new();
         prost::encoding::string::encode(1, &"pod".to_string(), &mut req);
         prost::encoding::bytes::encode(2, &config_bytes, &mut req);

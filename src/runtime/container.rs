@@ -22,7 +22,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, debug_span};
 
-use super::container_create::{ContainerCreator, CreateError, Prepared};
+use super::container_create::{ContainerCreator, CreateError, CreateExtras, Prepared};
 use super::decoded::{Decoded, Encoded};
 use super::events::{ContainerEvent, EventBus, EventKind};
 use super::names::{self, NameRegistry, Reservation};
@@ -336,19 +336,20 @@ impl ContainerManager {
     }
 
     /// CreateContainer: the first call's id for a retried request.
-    /// `stop_signal` is the config's CRI `Signal` value (0: the image's or SIGTERM).
+    /// `extras`: what a CRI v0.34+ request carries beyond k8s-cri's message.
     pub async fn create(
         &self,
         req: Arc<cri::CreateContainerRequest>,
-        stop_signal: i32,
+        extras: CreateExtras,
     ) -> Result<String, ContainerError> {
         let config = req.config.as_ref().ok_or_else(|| {
             CreateError::InvalidArgument("CreateContainer: config is missing".into())
         })?;
         let meta = config.metadata.clone().unwrap_or_default();
-        let requested_stop_signal = super::stop_signal::from_cri(stop_signal).map_err(|e| {
-            CreateError::InvalidArgument(format!("CreateContainer {}: {e}", meta.name))
-        })?;
+        let requested_stop_signal =
+            super::stop_signal::from_cri(extras.stop_signal).map_err(|e| {
+                CreateError::InvalidArgument(format!("CreateContainer {}: {e}", meta.name))
+            })?;
         check_log_path(&meta.name, &config.log_path)?;
         let sandbox_name = req
             .sandbox_config
@@ -389,7 +390,7 @@ impl ContainerManager {
         );
         let id_for_prep = new_id.clone();
         let mut prepared = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| creator.create(&id_for_prep, &shared_req, target_pid_ns))
+            span.in_scope(|| creator.create(&id_for_prep, &shared_req, target_pid_ns, &extras))
         })
         .await
         .map_err(|e| ContainerError::Internal(format!("CreateContainer {new_id}: {e}")))??;

@@ -51,6 +51,16 @@ impl CreateError {
 struct Resolved<'a> {
     target_pid_ns: &'a Option<PathBuf>,
     cdi: Option<&'a super::cdi::Injection>,
+    extras: &'a CreateExtras,
+}
+
+/// What a CRI v0.34+ CreateContainer carries beyond k8s-cri's ContainerConfig.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateExtras {
+    /// `stop_signal`: a CRI `Signal` value (0: the image's StopSignal or SIGTERM).
+    pub stop_signal: i32,
+    /// `mounts[i].image_sub_path`, by mount index (missing or empty: the image's root).
+    pub image_sub_paths: Vec<String>,
 }
 
 /// Prepares containers.
@@ -156,6 +166,7 @@ impl ContainerCreator {
         id: &str,
         req: &cri::CreateContainerRequest,
         target_pid_ns: Option<PathBuf>,
+        extras: &CreateExtras,
     ) -> Result<Prepared, CreateError> {
         let sandbox = self
             .sandboxes
@@ -222,6 +233,7 @@ impl ContainerCreator {
             &Resolved {
                 target_pid_ns: &target_pid_ns,
                 cdi: cdi.as_ref(),
+                extras,
             },
         ) {
             Ok(()) => Ok(prepared),
@@ -241,7 +253,11 @@ impl ContainerCreator {
         prepared: &mut Prepared,
         resolved: &Resolved<'_>,
     ) -> Result<(), CreateError> {
-        let Resolved { target_pid_ns, cdi } = *resolved;
+        let Resolved {
+            target_pid_ns,
+            cdi,
+            extras,
+        } = *resolved;
         let id = &prepared.id.clone();
         let internal = |what: &str, e: &dyn std::fmt::Display| {
             CreateError::Internal(format!("CreateContainer {id}: {what}: {e}"))
@@ -292,7 +308,13 @@ impl ContainerCreator {
         }
         prepared.created_host_dirs = volumes::create_missing_host_paths(config)?;
         volumes::ensure_host_propagation(config)?;
-        let image_volumes = volumes::prepare_image_volumes(&self.images, id, &bundle, config)?;
+        let image_volumes = volumes::prepare_image_volumes(
+            &self.images,
+            id,
+            &bundle,
+            config,
+            &extras.image_sub_paths,
+        )?;
         let termination = volumes::prepare_termination_log(&bundle, config)?;
         let image_config = self
             .images

@@ -42,6 +42,7 @@ pub fn prepare_image_volumes(
     id: &str,
     bundle: &Path,
     config: &cri::ContainerConfig,
+    sub_paths: &[String],
 ) -> Result<HashMap<usize, PathBuf>, CreateError> {
     let mut out = HashMap::new();
     for (i, m) in config.mounts.iter().enumerate() {
@@ -89,8 +90,10 @@ pub fn prepare_image_volumes(
                 ))
             })?;
         }
-        tracing::debug!(container = %id, image = %spec.image, target = %target.display(), "image volume mounted");
-        out.insert(i, target);
+        let sub_path = sub_paths.get(i).map_or("", String::as_str);
+        let source = image_volume_source(&target, sub_path, &field("image_sub_path"))?;
+        tracing::debug!(container = %id, image = %spec.image, source = %source.display(), "image volume mounted");
+        out.insert(i, source);
     }
     Ok(out)
 }
