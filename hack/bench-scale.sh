@@ -9,7 +9,9 @@
 #     shims are not counted for either runtime);
 #   - 50 pods started at once (`bench lifecycle --parallel 50`): wall time until all run;
 #   - Berth only (containerd 1.6 has no GetContainerEvents): SIGKILL of a container's process to
-#     its CONTAINER_STOPPED event, 50 times (`berthctl bench exits`).
+#     its CONTAINER_STOPPED event, 50 times (`berthctl bench exits`);
+#   - Berth only (CRI v0.36; containerd 1.6 has not the call): StreamContainers at each count,
+#     time to its first message and to its end (`berthctl bench lists`).
 # Prints a table with the ratios Berth/containerd and the targets, writes the figures as JSON to
 # target/bench-scale.json, and draws target/bench-scale.png from it (hack/plot-scale.sh).
 # Usage: hack/bench-scale.sh. Needs root and release binaries (make build). Environment: COUNTS
@@ -139,6 +141,7 @@ for kind in ("berth", "containerd"):
         l = load(f"{w}/{kind}.{n}.lists.json")
         r["lists"][n] = {k: l[k] for k in ("listContainers", "listPodSandbox",
                                            "listContainersUndecoded", "listPodSandboxUndecoded",
+                                           "streamContainersFirst", "streamContainersAll",
                                            "containers", "podSandboxes")}
         rss0, rss = map(int, open(f"{w}/{kind}.{n}.mem").read().split())
         r["rssPerPodKiB"][n] = round((rss - rss0) / n, 1)
@@ -163,6 +166,13 @@ for n in counts:
             x, y = b["lists"][n][key][q], c["lists"][n][key][q]
             tgt = {100: "<= 1 ms p50", 500: "<= 5 ms p50"}.get(n, "") if q == "p50Ms" else ""
             print(f"{call + ' ' + q[:3] + ' @' + str(n) + ' (ms)':36}{x:12.3f}{y:12.3f}{ratio(x, y):>8}  {tgt}{', <= 0.5x' if tgt else ''}")
+    # StreamContainers (CRI v0.36): containerd 1.6 does not have it.
+    for call, key, tgt in (("StreamContainers first", "streamContainersFirst", "< 5 ms @2000"),
+                           ("StreamContainers all", "streamContainersAll", "< 50 ms @2000")):
+        x, y = b["lists"][n][key], c["lists"][n][key]
+        if x:
+            other = f"{y['p50Ms']:12.3f}" if y else f"{'-':>12}"
+            print(f"{call + ' p50 @' + str(n) + ' (ms)':36}{x['p50Ms']:12.3f}{other}{'':>8}  {tgt}")
     x, y = b["rssPerPodKiB"][n], c["rssPerPodKiB"][n]
     print(f"{'RSS growth per pod @' + str(n) + ' (KiB)':34}{x:12.1f}{y:12.1f}{ratio(x, y):>8}  <= 50 KiB")
 x, y = b["idleCpuPercent"]["percentOfCore"], c["idleCpuPercent"]["percentOfCore"]

@@ -118,6 +118,47 @@ struct ListsReport {
     /// decoding of every item.
     list_containers_undecoded: Option<Stats>,
     list_pod_sandbox_undecoded: Option<Stats>,
+    /// StreamContainers (CRI v0.36), decoded: to its first message and to its end (None where
+    /// the runtime does not have the call).
+    stream_containers_first: Option<Stats>,
+    stream_containers_all: Option<Stats>,
+}
+
+/// One StreamContainers call without a filter: (time to the first message, time to the end,
+/// items); None when the runtime answers Unimplemented.
+async fn stream_containers(
+    channel: &tonic::transport::Channel,
+) -> anyhow::Result<Option<(Duration, Duration, usize)>> {
+    const METHOD: &str = "/runtime.v1.RuntimeService/StreamContainers";
+    let mut grpc = tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(16 << 20);
+    grpc.ready().await.context(METHOD)?;
+    let codec =
+        tonic_prost::ProstCodec::<cri::ListContainersRequest, cri::ListContainersResponse>::default(
+        );
+    let started = Instant::now();
+    let answer = grpc
+        .server_streaming(
+            tonic::Request::new(Default::default()),
+            http::uri::PathAndQuery::from_static(METHOD),
+            codec,
+        )
+        .await;
+    let mut stream = match answer {
+        Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(None),
+        other => other.map_err(status_message).context(METHOD)?.into_inner(),
+    };
+    let (mut first, mut items) = (None, 0);
+    while let Some(m) = stream
+        .message()
+        .await
+        .map_err(status_message)
+        .context(METHOD)?
+    {
+        first.get_or_insert_with(|| started.elapsed());
+        items += m.containers.len();
+    }
+    let all = started.elapsed();
+    Ok(Some((first.unwrap_or(all), all, items)))
 }
 
 /// One list call whose items are counted, not decoded; returns how many there were.
@@ -178,6 +219,17 @@ pub async fn lists(client: &CriClient, args: ListsArgs, json: bool) -> anyhow::R
         undecoded_list(&channel, "/runtime.v1.RuntimeService/ListPodSandbox").await?;
         raw_pods.push(t.elapsed());
     }
+    let (mut stream_first, mut stream_all) = (Vec::new(), Vec::new());
+    for _ in 0..args.calls {
+        let Some((first, all, items)) = stream_containers(&channel).await? else {
+            break;
+        };
+        if items != n_ctrs {
+            bail!("StreamContainers sent {items} containers, ListContainers {n_ctrs}");
+        }
+        stream_first.push(first);
+        stream_all.push(all);
+    }
     let report = ListsReport {
         containers: n_ctrs,
         pod_sandboxes: n_pods,
@@ -185,6 +237,8 @@ pub async fn lists(client: &CriClient, args: ListsArgs, json: bool) -> anyhow::R
         list_pod_sandbox: Stats::of(&pods),
         list_containers_undecoded: Stats::of(&raw_ctrs),
         list_pod_sandbox_undecoded: Stats::of(&raw_pods),
+        stream_containers_first: Stats::of(&stream_first),
+        stream_containers_all: Stats::of(&stream_all),
     };
     if json {
         crate::print_json(&report)?;
@@ -200,6 +254,11 @@ pub async fn lists(client: &CriClient, args: ListsArgs, json: bool) -> anyhow::R
                 "  items undecoded".into(),
                 report.list_pod_sandbox_undecoded,
             ),
+            (
+                "StreamContainers first".into(),
+                report.stream_containers_first,
+            ),
+            ("  to its end".into(), report.stream_containers_all),
         ] {
             if let Some(s) = s {
                 println!(
