@@ -10,12 +10,14 @@
 #   - 50 pods started at once (`bench lifecycle --parallel 50`): wall time until all run;
 #   - Berth only (containerd 1.6 has no GetContainerEvents): SIGKILL of a container's process to
 #     its CONTAINER_STOPPED event, 50 times (`berthctl bench exits`);
-#   - Berth only (CRI v0.36; containerd 1.6 has not the call): StreamContainers at each count,
-#     time to its first message and to its end (`berthctl bench lists`).
+#   - Berth only (CRI v0.36; containerd 1.6 has not the call, and 2000 of its shims would not
+#     fit in memory): with STREAM_COUNT pods held, StreamContainers' time to its first message
+#     and to its end (`berthctl bench lists`) and the RSS growth per pod.
 # Prints a table with the ratios Berth/containerd and the targets, writes the figures as JSON to
 # target/bench-scale.json, and draws target/bench-scale.png from it (hack/plot-scale.sh).
 # Usage: hack/bench-scale.sh. Needs root and release binaries (make build). Environment: COUNTS
-# (default "100 500"), PARALLEL (8), CALLS (200), IDLE_SECS (30), BURST (50), EXITS (50);
+# (default "100 500"), PARALLEL (8), CALLS (200), IDLE_SECS (30), BURST (50), EXITS (50),
+# STREAM_COUNT (2000 pods for Berth's StreamContainers stage; 0: none), STREAM_CALLS (20);
 # KEEP=1 keeps the work directory. Everything the run made is removed at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +28,8 @@ CALLS=${CALLS:-200}
 IDLE_SECS=${IDLE_SECS:-30}
 BURST=${BURST:-50}
 EXITS=${EXITS:-50}
+STREAM_COUNT=${STREAM_COUNT:-2000}
+STREAM_CALLS=${STREAM_CALLS:-20}
 BERTHD=$top/target/release/berthd
 BERTHCTL=$top/target/release/berthctl
 for b in "$BERTHD" "$BERTHCTL" "$top/target/release/berth-shim"; do
@@ -116,6 +120,22 @@ run() {
   if [ "$kind" = berth ]; then
     "$BERTHCTL" -r "$sock" -o json bench exits --image "$IMAGE" --count "$EXITS" \
       >"$W/$kind.exits.json"
+    if [ "$STREAM_COUNT" -gt 0 ]; then
+      # STREAM_COUNT pods held: the streaming list and the memory at that scale.
+      "$BERTHCTL" "${args[@]}" --count "$STREAM_COUNT" --parallel "$PARALLEL" --hold \
+        >/dev/null 2>"$W/$kind.stream.err" &
+      bench_pid=$!
+      until grep -qs '^ready' "$W/$kind.stream.err"; do
+        kill -0 "$bench_pid" 2>/dev/null || { cat "$W/$kind.stream.err" >&2; return 1; }
+        sleep 1
+      done
+      sleep 3
+      echo "$rss0 $(rss_kib "$dpid")" >"$W/$kind.stream.mem"
+      "$BERTHCTL" -r "$sock" -o json bench lists --calls "$STREAM_CALLS" >"$W/$kind.stream.json"
+      kill -USR1 "$bench_pid"
+      wait "$bench_pid" || { cat "$W/$kind.stream.err" >&2; return 1; }
+      bench_pid=
+    fi
   fi
   kill "$dpid"; wait "$dpid" 2>/dev/null || true
 }
@@ -151,6 +171,14 @@ for kind in ("berth", "containerd"):
                   "wallSeconds": round(load(f"{w}/{kind}.burst.json")["upSeconds"], 3)}
     if kind == "berth":
         r["exitToEvent"] = load(f"{w}/{kind}.exits.json")["exitToEvent"]
+        try:
+            st = load(f"{w}/{kind}.stream.json")
+            rss0, rss = map(int, open(f"{w}/{kind}.stream.mem").read().split())
+            r["stream"] = {"containers": st["containers"],
+                           "first": st["streamContainersFirst"], "all": st["streamContainersAll"],
+                           "rssPerPodKiB": round((rss - rss0) / st["containers"], 1)}
+        except FileNotFoundError:
+            pass
     res["runtimes"][kind] = r
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
@@ -179,6 +207,12 @@ x, y = b["idleCpuPercent"]["percentOfCore"], c["idleCpuPercent"]["percentOfCore"
 print(f"{'idle CPU @' + str(b['idleCpuPercent']['pods']) + ' pods (% of a core)':34}{x:12.2f}{y:12.2f}{ratio(x, y):>8}  <= 1 %")
 x, y = b["burst"]["wallSeconds"], c["burst"]["wallSeconds"]
 print(f"{str(b['burst']['pods']) + ' pods at once, wall (s)':34}{x:12.3f}{y:12.3f}{ratio(x, y):>8}  <= 0.5x")
+if "stream" in b:
+    st = b["stream"]
+    n = st["containers"]
+    print(f"{'StreamContainers first p50/p99 @' + str(n) + ' (ms)':36}{st['first']['p50Ms']:6.3f}/{st['first']['p99Ms']:.3f}{'n/a':>15}          < 5 ms")
+    print(f"{'StreamContainers all p50/p99 @' + str(n) + ' (ms)':36}{st['all']['p50Ms']:6.3f}/{st['all']['p99Ms']:.3f}{'n/a':>15}          < 50 ms")
+    print(f"{'RSS growth per pod @' + str(n) + ' (KiB)':34}{st['rssPerPodKiB']:12.1f}{'n/a':>12}{'':>8}  <= 50 KiB")
 e = b["exitToEvent"]
 print(f"{'exit to STOPPED event p50/p99 (ms)':34}{e['p50Ms']:6.3f}/{e['p99Ms']:.3f}{'n/a':>15}          p50 <= 5 ms")
 PY
