@@ -551,3 +551,47 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     );
     remove_pod(&c, &pod).await;
 }
+
+/// The part of a v0.36 StatusResponse this test reads: `features.user_namespaces_host_network`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusFeatures {
+    #[prost(message, optional, tag = "4")]
+    features: Option<FeaturesV136>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct FeaturesV136 {
+    #[prost(bool, tag = "1")]
+    supplemental_groups_policy: bool,
+    #[prost(bool, tag = "2")]
+    user_namespaces_host_network: bool,
+}
+
+#[tokio::test]
+async fn status_reports_user_namespaces_with_the_host_network_where_user_namespaces_work() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let status = c
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .expect("Status")
+        .into_inner();
+    let userns = status
+        .runtime_handlers
+        .iter()
+        .find(|h| h.name.is_empty())
+        .and_then(|h| h.features.as_ref())
+        .is_some_and(|f| f.user_namespaces);
+    let v136: StatusFeatures = unary(
+        &c,
+        "/runtime.v1.RuntimeService/Status",
+        cri::StatusRequest::default(),
+    )
+    .await
+    .expect("Status");
+    let features = v136.features.expect("features");
+    assert_eq!(features.user_namespaces_host_network, userns);
+    // The crate's own field, merged from the first message, is still there.
+    assert!(features.supplemental_groups_policy);
+}

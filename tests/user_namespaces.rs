@@ -225,6 +225,88 @@ async fn a_pod_root_is_unprivileged_on_the_host_and_owns_its_files() {
     assert!(left.is_empty(), "mounts left: {left:#?}");
 }
 
+/// A pod with its own user namespace on the host's network: the host's network namespace
+/// and interfaces, root inside mapped to an unprivileged host range, the host's /sys bound
+/// read-only (a sysfs of the host's network cannot be mounted from the pod's namespace), and
+/// no power over the host's network.
+#[tokio::test]
+async fn a_pod_with_its_own_user_namespace_uses_the_host_network() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let busybox = image("busybox");
+    pull(&c, &busybox).await.expect("pull");
+    let (host_id, userns) = pod_ids();
+    let logs = d.dir.path().join("logs");
+    let mut pod_cfg = with_userns(
+        pod_config("userns-hostnet", &logs, cri::NamespaceMode::Container),
+        &userns,
+    );
+    pod_cfg
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+        .expect("options")
+        .network = cri::NamespaceMode::Node as i32;
+    let pod = run_pod(&c, &pod_cfg).await;
+    let config = with_container_userns(
+        sh_container(
+            "main",
+            &busybox,
+            "exec sleep 1000",
+            cri::NamespaceMode::Container,
+        ),
+        userns.clone(),
+    );
+    let mut config = config;
+    config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+        .expect("options")
+        .network = cri::NamespaceMode::Node as i32;
+    let id = run_container(&c, &pod, &pod_cfg, config).await;
+
+    let host_net = std::fs::read_link("/proc/self/ns/net").expect("host netns");
+    assert_eq!(
+        exec_ok(&c, &id, &["readlink", "/proc/self/ns/net"])
+            .await
+            .trim(),
+        host_net.to_string_lossy(),
+        "the host's network namespace"
+    );
+    let map: Vec<String> = exec_ok(&c, &id, &["cat", "/proc/self/uid_map"])
+        .await
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(map, ["0", &host_id.to_string(), "65536"]);
+    let mut host_ifaces: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .expect("host interfaces")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    host_ifaces.sort();
+    let mut seen: Vec<String> = exec_ok(&c, &id, &["ls", "/sys/class/net"])
+        .await
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    seen.sort();
+    assert_eq!(seen, host_ifaces, "the host's interfaces under /sys");
+    // /sys is read-only, and the pod's root cannot change the host's network.
+    let r = exec(&c, &id, &["touch", "/sys/berth-probe"], 10)
+        .await
+        .expect("exec");
+    assert_ne!(r.exit_code, 0, "/sys is writable");
+    let r = exec(&c, &id, &["ip", "link", "set", "lo", "mtu", "1400"], 10)
+        .await
+        .expect("exec");
+    assert_ne!(r.exit_code, 0, "the pod's root changed the host's loopback");
+    remove_pod(&c, &pod).await;
+}
+
 #[tokio::test]
 async fn bad_user_namespace_options_are_refused_and_leave_nothing() {
     let d = Daemon::start();
@@ -264,20 +346,21 @@ async fn bad_user_namespace_options_are_refused_and_leave_nothing() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e}");
         assert!(e.message().contains("user namespace"), "{what}: {e}");
     }
-    // With the host's network the pod could not own its network namespace.
-    let mut host_net = with_userns(
+    // With the host's IPC the pod could not own its IPC namespace.
+    let mut host_ipc = with_userns(
         pod_config("bad", &logs, cri::NamespaceMode::Container),
         &good,
     );
-    host_net
+    host_ipc
         .linux
         .as_mut()
         .and_then(|l| l.security_context.as_mut())
         .and_then(|s| s.namespace_options.as_mut())
         .expect("options")
-        .network = cri::NamespaceMode::Node as i32;
-    let e = run_pod_err(&c, &host_net).await;
+        .ipc = cri::NamespaceMode::Node as i32;
+    let e = run_pod_err(&c, &host_ipc).await;
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("IPC"), "{e}");
     assert!(list_pod_sandboxes(&c).await.is_empty());
     assert!(
         std::fs::read_dir(d.state().join("sandboxes"))

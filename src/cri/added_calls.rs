@@ -2,8 +2,9 @@
 //! generated services do not route: the streaming lists (`StreamPodSandboxes`,
 //! `StreamContainers`, `StreamContainerStats`, `StreamPodSandboxStats`,
 //! `StreamPodSandboxMetrics`, `StreamImages`) and `UpdatePodSandboxResources`; and the v1
-//! calls whose messages gained fields k8s-cri cannot carry (`CreateContainer` and
-//! `ContainerStatus`: the stop signal), served through [`super::wire_extensions`].
+//! calls whose messages gained fields k8s-cri cannot carry (`CreateContainer`: the stop signal
+//! and image sub paths; `ContainerStatus`: the stop signal; `Status`: user namespaces with the
+//! host network), served through [`super::wire_extensions`].
 //!
 //! A streaming list answers what its unary list would, in messages of at most
 //! [`BATCH_BYTES`] each, so no count of containers meets the 16 MiB message ceiling. Its
@@ -23,8 +24,8 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 use super::api_v136::{
-    ContainerStatusExt, ContainerStatusResponseExt, CreateContainerRequestExt,
-    UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
+    ContainerStatusExt, ContainerStatusResponseExt, CreateContainerRequestExt, RuntimeFeaturesExt,
+    StatusResponseExt, UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
 };
 use super::encoded_lists::{self, EncodedItems};
 use super::wire_extensions::{Appended, DualCodec};
@@ -45,6 +46,7 @@ pub enum AddedCall {
     UpdatePodSandboxResources,
     CreateContainer,
     ContainerStatus,
+    Status,
 }
 
 /// The call a request path names, if it is one of those answered here.
@@ -59,6 +61,7 @@ pub fn route(path: &str) -> Option<AddedCall> {
             "UpdatePodSandboxResources" => AddedCall::UpdatePodSandboxResources,
             "CreateContainer" => AddedCall::CreateContainer,
             "ContainerStatus" => AddedCall::ContainerStatus,
+            "Status" => AddedCall::Status,
             _ => return None,
         });
     }
@@ -213,6 +216,29 @@ pub async fn serve(
             Grpc::new(ProstCodec::<
                 Appended<cri::ContainerStatusResponse, ContainerStatusResponseExt>,
                 cri::ContainerStatusRequest,
+            >::default())
+            .apply_max_message_size_config(max, max)
+            .unary(svc, req)
+            .await
+        }
+        AddedCall::Status => {
+            let svc = tower::service_fn(move |r: Request<cri::StatusRequest>| {
+                let runtime = runtime.clone();
+                async move {
+                    let resp = runtime.status(r).await?.into_inner();
+                    // The same condition as user namespaces at all: idmapped mounts.
+                    let ext = StatusResponseExt {
+                        features: Some(RuntimeFeaturesExt {
+                            user_namespaces_host_network: crate::runtime::userns::supported(),
+                        }),
+                    };
+                    Ok::<_, Status>(Response::new(Appended(resp, ext)))
+                }
+            });
+            let max = Some(super::server::MAX_MESSAGE);
+            Grpc::new(ProstCodec::<
+                Appended<cri::StatusResponse, StatusResponseExt>,
+                cri::StatusRequest,
             >::default())
             .apply_max_message_size_config(max, max)
             .unary(svc, req)

@@ -68,6 +68,22 @@ pub struct ContainerStatusExt {
     pub stop_signal: i32,
 }
 
+/// The v0.36 fields of a StatusResponse, written after k8s-cri's message.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusResponseExt {
+    #[prost(message, optional, tag = "4")]
+    pub features: Option<RuntimeFeaturesExt>,
+}
+
+/// The v0.36 fields of RuntimeFeatures.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RuntimeFeaturesExt {
+    /// `bool user_namespaces_host_network = 2`: pods with their own user namespace may use the
+    /// host's network.
+    #[prost(bool, tag = "2")]
+    pub user_namespaces_host_network: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -427,9 +427,10 @@ impl SandboxManager {
                 "RunPodSandbox: pods with their own user namespace need idmapped mounts, which this host does not support (see berthd's log)".into(),
             ));
         }
+        // With the host's network the pod's user namespace owns its IPC (and PID) namespaces;
+        // the network stays the host's, which the pod's root cannot administer.
         if user_ids.is_some() {
             let host = [
-                (host_net, "network"),
                 (host_ipc, "IPC"),
                 (ns.pid == cri::NamespaceMode::Node as i32, "PID"),
             ];

@@ -961,12 +961,25 @@ fn mounts(
             "mqueue",
             &["nosuid", "noexec", "nodev"],
         )?,
-        mount(
-            "/sys",
-            "sysfs",
-            "sysfs",
-            &["nosuid", "noexec", "nodev", sys_mode],
-        )?,
+        // A sysfs is mounted for the network namespace the process is in, which its user
+        // namespace must own: a pod with its own user namespace on the host's network gets
+        // the host's /sys bound instead, read-only unless privileged.
+        if input.sandbox_paths.user_ns.is_some() && input.sandbox_paths.net_ns.is_none() {
+            bind(
+                Path::new("/sys"),
+                Path::new("/sys"),
+                ["rbind", "nosuid", "noexec", "nodev", sys_mode]
+                    .map(String::from)
+                    .to_vec(),
+            )?
+        } else {
+            mount(
+                "/sys",
+                "sysfs",
+                "sysfs",
+                &["nosuid", "noexec", "nodev", sys_mode],
+            )?
+        },
         mount(
             "/sys/fs/cgroup",
             "cgroup",
