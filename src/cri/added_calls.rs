@@ -4,7 +4,8 @@
 //! `StreamPodSandboxMetrics`, `StreamImages`) and `UpdatePodSandboxResources`; and the v1
 //! calls whose messages gained fields k8s-cri cannot carry (`CreateContainer`: the stop signal
 //! and image sub paths; `ContainerStatus`: the stop signal; `Status`: user namespaces with the
-//! host network), served through [`super::wire_extensions`].
+//! host network; the stats calls: pressure, see [`super::stats_psi`]), served through
+//! [`super::wire_extensions`].
 //!
 //! A streaming list answers what its unary list would, in messages of at most
 //! [`BATCH_BYTES`] each, so no count of containers meets the 16 MiB message ceiling. Its
@@ -28,6 +29,7 @@ use super::api_v136::{
     StatusResponseExt, UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
 };
 use super::encoded_lists::{self, EncodedItems};
+use super::stats_psi;
 use super::wire_extensions::{Appended, DualCodec};
 use super::{ImageApi, RuntimeApi};
 
@@ -47,6 +49,10 @@ pub enum AddedCall {
     CreateContainer,
     ContainerStatus,
     Status,
+    ContainerStats,
+    ListContainerStats,
+    PodSandboxStats,
+    ListPodSandboxStats,
 }
 
 /// The call a request path names, if it is one of those answered here.
@@ -62,6 +68,10 @@ pub fn route(path: &str) -> Option<AddedCall> {
             "CreateContainer" => AddedCall::CreateContainer,
             "ContainerStatus" => AddedCall::ContainerStatus,
             "Status" => AddedCall::Status,
+            "ContainerStats" => AddedCall::ContainerStats,
+            "ListContainerStats" => AddedCall::ListContainerStats,
+            "PodSandboxStats" => AddedCall::PodSandboxStats,
+            "ListPodSandboxStats" => AddedCall::ListPodSandboxStats,
             _ => return None,
         });
     }
@@ -120,6 +130,57 @@ where
         .await
 }
 
+/// Container stats items with their pressure, read off the async threads (cgroup files).
+async fn container_stats_items(
+    runtime: Arc<RuntimeApi>,
+    stats: Vec<cri::ContainerStats>,
+) -> Result<Vec<Bytes>, Status> {
+    tokio::task::spawn_blocking(move || {
+        stats
+            .iter()
+            .map(|s| stats_psi::container_item(&runtime, s))
+            .collect()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("container stats: {e}")))
+}
+
+/// Pod stats items with their pressure, read off the async threads (cgroup files).
+async fn pod_stats_items(
+    runtime: Arc<RuntimeApi>,
+    stats: Vec<cri::PodSandboxStats>,
+) -> Result<Vec<Bytes>, Status> {
+    tokio::task::spawn_blocking(move || {
+        stats
+            .into_iter()
+            .map(|s| stats_psi::pod_item(&runtime, s))
+            .collect()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("pod sandbox stats: {e}")))
+}
+
+/// A unary call whose response is its items at field 1 (a list, or a single stats message).
+async fn unary_items<Req, F, Fut>(
+    req: http::Request<hyper::body::Incoming>,
+    items: F,
+) -> http::Response<tonic::body::Body>
+where
+    Req: Message + Default + Send + 'static,
+    F: FnOnce(Req) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<Bytes>, Status>> + Send + 'static,
+{
+    let max = Some(super::server::MAX_MESSAGE);
+    let svc = tower::service_fn(move |r: Request<Req>| {
+        let items = items.clone();
+        async move { Ok::<_, Status>(Response::new(EncodedItems(items(r.into_inner()).await?))) }
+    });
+    Grpc::new(ProstCodec::<EncodedItems, Req>::default())
+        .apply_max_message_size_config(max, max)
+        .unary(svc, req)
+        .await
+}
+
 /// Answers one request for an added call.
 pub async fn serve(
     call: AddedCall,
@@ -143,14 +204,44 @@ pub async fn serve(
         AddedCall::StreamContainerStats => {
             stream_of(req, move |r: cri::ListContainerStatsRequest| async move {
                 let resp = runtime.list_container_stats(Request::new(r)).await?;
-                Ok(encoded(&resp.into_inner().stats))
+                container_stats_items(runtime, resp.into_inner().stats).await
             })
             .await
         }
         AddedCall::StreamPodSandboxStats => {
             stream_of(req, move |r: cri::ListPodSandboxStatsRequest| async move {
                 let resp = runtime.list_pod_sandbox_stats(Request::new(r)).await?;
-                Ok(encoded(&resp.into_inner().stats))
+                pod_stats_items(runtime, resp.into_inner().stats).await
+            })
+            .await
+        }
+        AddedCall::ListContainerStats => {
+            unary_items(req, move |r: cri::ListContainerStatsRequest| async move {
+                let resp = runtime.list_container_stats(Request::new(r)).await?;
+                container_stats_items(runtime, resp.into_inner().stats).await
+            })
+            .await
+        }
+        AddedCall::ContainerStats => {
+            unary_items(req, move |r: cri::ContainerStatsRequest| async move {
+                let resp = runtime.container_stats(Request::new(r)).await?;
+                let one = resp.into_inner().stats.into_iter().collect();
+                container_stats_items(runtime, one).await
+            })
+            .await
+        }
+        AddedCall::ListPodSandboxStats => {
+            unary_items(req, move |r: cri::ListPodSandboxStatsRequest| async move {
+                let resp = runtime.list_pod_sandbox_stats(Request::new(r)).await?;
+                pod_stats_items(runtime, resp.into_inner().stats).await
+            })
+            .await
+        }
+        AddedCall::PodSandboxStats => {
+            unary_items(req, move |r: cri::PodSandboxStatsRequest| async move {
+                let resp = runtime.pod_sandbox_stats(Request::new(r)).await?;
+                let one = resp.into_inner().stats.into_iter().collect();
+                pod_stats_items(runtime, one).await
             })
             .await
         }

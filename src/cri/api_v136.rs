@@ -1,4 +1,4 @@
-//! CRI messages that cri-api added after v0.32 (Kubernetes 1.33–1.36) and the k8s-cri crate
+//! CRI messages and fields that cri-api added after v0.32 (Kubernetes 1.33–1.36) and the k8s-cri crate
 //! does not define, written from the published API: their field numbers are the wire
 //! interface. The streaming list calls need none: each `Stream*Request` has the wire shape of
 //! its `List*Request` (the filter at 1) and each `Stream*Response` that of its
@@ -82,6 +82,85 @@ pub struct RuntimeFeaturesExt {
     /// host's network.
     #[prost(bool, tag = "2")]
     pub user_namespaces_host_network: bool,
+}
+
+/// `runtime.v1.PsiData`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PsiData {
+    #[prost(uint64, tag = "1")]
+    pub total: u64,
+    #[prost(double, tag = "2")]
+    pub avg10: f64,
+    #[prost(double, tag = "3")]
+    pub avg60: f64,
+    #[prost(double, tag = "4")]
+    pub avg300: f64,
+}
+
+/// `runtime.v1.PsiStats`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PsiStats {
+    #[prost(message, optional, tag = "1")]
+    pub full: Option<PsiData>,
+    #[prost(message, optional, tag = "2")]
+    pub some: Option<PsiData>,
+}
+
+/// The v0.36 field of CpuUsage.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CpuUsageExt {
+    #[prost(message, optional, tag = "4")]
+    pub psi: Option<PsiStats>,
+}
+
+/// The v0.36 field of MemoryUsage.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MemoryUsageExt {
+    #[prost(message, optional, tag = "8")]
+    pub psi: Option<PsiStats>,
+}
+
+/// `runtime.v1.IoUsage`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IoUsage {
+    #[prost(int64, tag = "1")]
+    pub timestamp: i64,
+    #[prost(message, optional, tag = "2")]
+    pub psi: Option<PsiStats>,
+}
+
+/// The v0.36 fields of ContainerStats, written after each item.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerStatsExt {
+    #[prost(message, optional, tag = "2")]
+    pub cpu: Option<CpuUsageExt>,
+    #[prost(message, optional, tag = "3")]
+    pub memory: Option<MemoryUsageExt>,
+    #[prost(message, optional, tag = "6")]
+    pub io: Option<IoUsage>,
+}
+
+/// The v0.36 fields of PodSandboxStats, written after each item: the pod's own pressure, and
+/// its containers' stats items (each with its own fields), which k8s-cri's message then
+/// leaves out.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxStatsExt {
+    #[prost(message, optional, tag = "2")]
+    pub linux: Option<LinuxPodSandboxStatsExt>,
+}
+
+/// The v0.36 fields of LinuxPodSandboxStats.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LinuxPodSandboxStatsExt {
+    #[prost(message, optional, tag = "1")]
+    pub cpu: Option<CpuUsageExt>,
+    #[prost(message, optional, tag = "2")]
+    pub memory: Option<MemoryUsageExt>,
+    /// `repeated ContainerStats containers = 5`, each item already encoded.
+    #[prost(bytes = "bytes", repeated, tag = "5")]
+    pub containers: Vec<bytes::Bytes>,
+    #[prost(message, optional, tag = "6")]
+    pub io: Option<IoUsage>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The CRI gRPC server: RuntimeService and ImageService v1 (and v1alpha2 by translation) on a unix socket.
 
 mod added_calls;
-mod api_v136;
+pub mod api_v136;
 mod archive_service;
 mod authority;
 mod checkpoint;
@@ -15,6 +15,7 @@ mod runtime_info;
 mod runtime_service;
 mod sandbox_service;
 pub(crate) mod server;
+mod stats_psi;
 pub(crate) mod stats_service;
 mod stream_service;
 mod v1alpha2;

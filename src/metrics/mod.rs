@@ -8,6 +8,7 @@ pub mod endpoint;
 pub mod net_dev;
 pub mod process;
 pub mod prometheus;
+pub mod psi;
 pub mod state_collector;
 
 pub use cgroup_stats::{CgroupStats, CpuSampler, MemoryStats, SwapStats};

@@ -210,6 +210,12 @@ check_swap_and_pressure() {
     '[.[] | select(.container == $c and (.name | startswith("container_pressure_")))] | length')
   [ "$v" = 6 ] || fail "the CRI metrics of $1 have $v pressure series, want 6: $(bctl metricsp)"
   ok "the CRI metrics carry the container's pressure stalls (PSI)"
+  v=$(bctl -o json stats | jq -r --arg c "$1" '.[] | select(.id == $c) | .pressure_stall_us |
+    if . == null then "none" else "\(.cpu) \(.memory) \(.io)" end')
+  case "$v" in
+    "" | none | *null*) fail "the CRI stats of $1 carry no pressure (CRI v0.36 PSI): '$v'" ;;
+  esac
+  ok "the CRI stats carry the container's pressure stall totals (cpu memory io: $v us)"
   wait_for 60 not_running swap || fail "the Burstable pod was not removed"
   wait_for 60 not_running nolimit || fail "the BestEffort pod was not removed"
 }

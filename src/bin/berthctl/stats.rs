@@ -1,11 +1,13 @@
 //! `berthctl stats`: CPU, memory and writable-layer use per container (CRI ListContainerStats),
-//! CPU as a share of one core over a sampling interval; `--watch` refreshes it like top.
+//! CPU as a share of one core over a sampling interval, and the pressure stall totals where the
+//! runtime reports them (CRI v0.36); `--watch` refreshes it like top.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use berth::client::CriClient;
+use berth::cri::api_v136 as api;
 use k8s_cri::v1 as cri;
 
 /// What to show.
@@ -32,6 +34,83 @@ struct Row {
     memory_working_set_bytes: u64,
     writable_layer_bytes: u64,
     writable_layer_inodes: u64,
+    /// Microseconds some of its tasks stalled on CPU, memory and I/O (CRI v0.36's PSI), where
+    /// the runtime reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pressure_stall_us: Option<PressureTotals>,
+}
+
+/// The `some` totals of a container's three pressure files.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct PressureTotals {
+    cpu: u64,
+    memory: u64,
+    io: u64,
+}
+
+/// The part of a v0.36 ListContainerStatsResponse read for the pressure: per item, its id and
+/// the PSI fields.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PressureList {
+    #[prost(message, repeated, tag = "1")]
+    stats: Vec<PressureItem>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PressureItem {
+    #[prost(message, optional, tag = "1")]
+    attributes: Option<PressureId>,
+    #[prost(message, optional, tag = "2")]
+    cpu: Option<api::CpuUsageExt>,
+    #[prost(message, optional, tag = "3")]
+    memory: Option<api::MemoryUsageExt>,
+    #[prost(message, optional, tag = "6")]
+    io: Option<api::IoUsage>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PressureId {
+    #[prost(string, tag = "1")]
+    id: String,
+}
+
+/// The pressure totals per container id, from the same call read with the v0.36 fields
+/// (none from a runtime without them).
+async fn pressure(
+    c: &CriClient,
+    pod: &Option<String>,
+) -> anyhow::Result<HashMap<String, PressureTotals>> {
+    const METHOD: &str = "/runtime.v1.RuntimeService/ListContainerStats";
+    let filter = pod.as_ref().map(|p| cri::ContainerStatsFilter {
+        pod_sandbox_id: p.clone(),
+        ..Default::default()
+    });
+    let mut grpc = tonic::client::Grpc::new(c.channel()).max_decoding_message_size(16 << 20);
+    grpc.ready().await.context(METHOD)?;
+    let codec = tonic_prost::ProstCodec::<cri::ListContainerStatsRequest, PressureList>::default();
+    let list = grpc
+        .unary(
+            tonic::Request::new(cri::ListContainerStatsRequest { filter }),
+            http::uri::PathAndQuery::from_static(METHOD),
+            codec,
+        )
+        .await
+        .map_err(crate::status_message)
+        .context(METHOD)?
+        .into_inner();
+    let some = |p: Option<&api::PsiStats>| p.and_then(|p| p.some.as_ref()).map(|d| d.total);
+    Ok(list
+        .stats
+        .into_iter()
+        .filter_map(|s| {
+            let totals = PressureTotals {
+                cpu: some(s.cpu.as_ref().and_then(|c| c.psi.as_ref()))?,
+                memory: some(s.memory.as_ref().and_then(|m| m.psi.as_ref()))?,
+                io: some(s.io.as_ref().and_then(|i| i.psi.as_ref()))?,
+            };
+            Some((s.attributes?.id, totals))
+        })
+        .collect())
 }
 
 async fn sample(c: &CriClient, pod: &Option<String>) -> anyhow::Result<Vec<cri::ContainerStats>> {
@@ -64,6 +143,7 @@ async fn rows(c: &CriClient, args: &StatsArgs) -> anyhow::Result<Vec<Row>> {
     tokio::time::sleep(Duration::from_secs_f64(args.seconds.clamp(0.1, 60.0))).await;
     let elapsed_ns = started.elapsed().as_nanos() as f64;
     let mut rows = Vec::new();
+    let pressures = pressure(c, &args.pod).await?;
     for s in sample(c, &args.pod).await? {
         let Some(attrs) = &s.attributes else { continue };
         let cpu_percent = match (first.get(&attrs.id), cpu_nanos(&s)) {
@@ -107,6 +187,7 @@ async fn rows(c: &CriClient, args: &StatsArgs) -> anyhow::Result<Vec<Row>> {
                 .as_ref()
                 .map(|w| value(&w.inodes_used))
                 .unwrap_or(0),
+            pressure_stall_us: pressures.get(&attrs.id).copied(),
         });
     }
     rows.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
