@@ -145,6 +145,24 @@ async fn container_stats_items(
     .map_err(|e| Status::internal(format!("container stats: {e}")))
 }
 
+/// ListContainerStats' items with their pressure (the list and the stream answer the same).
+async fn container_stats_of(
+    runtime: Arc<RuntimeApi>,
+    req: cri::ListContainerStatsRequest,
+) -> Result<Vec<Bytes>, Status> {
+    let resp = runtime.list_container_stats(Request::new(req)).await?;
+    container_stats_items(runtime, resp.into_inner().stats).await
+}
+
+/// ListPodSandboxStats' items with their pressure (the list and the stream answer the same).
+async fn pod_stats_of(
+    runtime: Arc<RuntimeApi>,
+    req: cri::ListPodSandboxStatsRequest,
+) -> Result<Vec<Bytes>, Status> {
+    let resp = runtime.list_pod_sandbox_stats(Request::new(req)).await?;
+    pod_stats_items(runtime, resp.into_inner().stats).await
+}
+
 /// Pod stats items with their pressure, read off the async threads (cgroup files).
 async fn pod_stats_items(
     runtime: Arc<RuntimeApi>,
@@ -202,25 +220,11 @@ pub async fn serve(
             .await
         }
         AddedCall::StreamContainerStats => {
-            stream_of(req, move |r: cri::ListContainerStatsRequest| async move {
-                let resp = runtime.list_container_stats(Request::new(r)).await?;
-                container_stats_items(runtime, resp.into_inner().stats).await
-            })
-            .await
+            stream_of(req, move |r| container_stats_of(runtime, r)).await
         }
-        AddedCall::StreamPodSandboxStats => {
-            stream_of(req, move |r: cri::ListPodSandboxStatsRequest| async move {
-                let resp = runtime.list_pod_sandbox_stats(Request::new(r)).await?;
-                pod_stats_items(runtime, resp.into_inner().stats).await
-            })
-            .await
-        }
+        AddedCall::StreamPodSandboxStats => stream_of(req, move |r| pod_stats_of(runtime, r)).await,
         AddedCall::ListContainerStats => {
-            unary_items(req, move |r: cri::ListContainerStatsRequest| async move {
-                let resp = runtime.list_container_stats(Request::new(r)).await?;
-                container_stats_items(runtime, resp.into_inner().stats).await
-            })
-            .await
+            unary_items(req, move |r| container_stats_of(runtime, r)).await
         }
         AddedCall::ContainerStats => {
             unary_items(req, move |r: cri::ContainerStatsRequest| async move {
@@ -230,13 +234,7 @@ pub async fn serve(
             })
             .await
         }
-        AddedCall::ListPodSandboxStats => {
-            unary_items(req, move |r: cri::ListPodSandboxStatsRequest| async move {
-                let resp = runtime.list_pod_sandbox_stats(Request::new(r)).await?;
-                pod_stats_items(runtime, resp.into_inner().stats).await
-            })
-            .await
-        }
+        AddedCall::ListPodSandboxStats => unary_items(req, move |r| pod_stats_of(runtime, r)).await,
         AddedCall::PodSandboxStats => {
             unary_items(req, move |r: cri::PodSandboxStatsRequest| async move {
                 let resp = runtime.pod_sandbox_stats(Request::new(r)).await?;

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use berth::client::CriClient;
+use berth::cri::EncodedItems;
 use berth::cri::api_v136 as api;
 use k8s_cri::v1 as cri;
+use prost::Message;
 
 /// What to show.
 #[derive(clap::Args)]
@@ -48,18 +50,9 @@ struct PressureTotals {
     io: u64,
 }
 
-/// The part of a v0.36 ListContainerStatsResponse read for the pressure: per item, its id and
-/// the PSI fields.
-#[derive(Clone, PartialEq, prost::Message)]
-struct PressureList {
-    #[prost(message, repeated, tag = "1")]
-    stats: Vec<PressureItem>,
-}
-
+/// The part of a v0.36 ContainerStats read for the pressure: its PSI fields.
 #[derive(Clone, PartialEq, prost::Message)]
 struct PressureItem {
-    #[prost(message, optional, tag = "1")]
-    attributes: Option<PressureId>,
     #[prost(message, optional, tag = "2")]
     cpu: Option<api::CpuUsageExt>,
     #[prost(message, optional, tag = "3")]
@@ -68,18 +61,24 @@ struct PressureItem {
     io: Option<api::IoUsage>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-struct PressureId {
-    #[prost(string, tag = "1")]
-    id: String,
+impl PressureItem {
+    /// The `some` totals, when all three files were sent.
+    fn totals(&self) -> Option<PressureTotals> {
+        let some = |p: Option<&api::PsiStats>| p.and_then(|p| p.some.as_ref()).map(|d| d.total);
+        Some(PressureTotals {
+            cpu: some(self.cpu.as_ref().and_then(|c| c.psi.as_ref()))?,
+            memory: some(self.memory.as_ref().and_then(|m| m.psi.as_ref()))?,
+            io: some(self.io.as_ref().and_then(|i| i.psi.as_ref()))?,
+        })
+    }
 }
 
-/// The pressure totals per container id, from the same call read with the v0.36 fields
-/// (none from a runtime without them).
-async fn pressure(
+/// One ListContainerStats: each item as k8s-cri reads it, with its pressure totals where the
+/// runtime sends CRI v0.36's fields (the same item bytes read a second time).
+async fn sample(
     c: &CriClient,
     pod: &Option<String>,
-) -> anyhow::Result<HashMap<String, PressureTotals>> {
+) -> anyhow::Result<Vec<(cri::ContainerStats, Option<PressureTotals>)>> {
     const METHOD: &str = "/runtime.v1.RuntimeService/ListContainerStats";
     let filter = pod.as_ref().map(|p| cri::ContainerStatsFilter {
         pod_sandbox_id: p.clone(),
@@ -87,8 +86,8 @@ async fn pressure(
     });
     let mut grpc = tonic::client::Grpc::new(c.channel()).max_decoding_message_size(16 << 20);
     grpc.ready().await.context(METHOD)?;
-    let codec = tonic_prost::ProstCodec::<cri::ListContainerStatsRequest, PressureList>::default();
-    let list = grpc
+    let codec = tonic_prost::ProstCodec::<cri::ListContainerStatsRequest, EncodedItems>::default();
+    let items = grpc
         .unary(
             tonic::Request::new(cri::ListContainerStatsRequest { filter }),
             http::uri::PathAndQuery::from_static(METHOD),
@@ -98,33 +97,15 @@ async fn pressure(
         .map_err(crate::status_message)
         .context(METHOD)?
         .into_inner();
-    let some = |p: Option<&api::PsiStats>| p.and_then(|p| p.some.as_ref()).map(|d| d.total);
-    Ok(list
-        .stats
+    items
+        .0
         .into_iter()
-        .filter_map(|s| {
-            let totals = PressureTotals {
-                cpu: some(s.cpu.as_ref().and_then(|c| c.psi.as_ref()))?,
-                memory: some(s.memory.as_ref().and_then(|m| m.psi.as_ref()))?,
-                io: some(s.io.as_ref().and_then(|i| i.psi.as_ref()))?,
-            };
-            Some((s.attributes?.id, totals))
+        .map(|item| {
+            let stats = cri::ContainerStats::decode(item.clone()).context(METHOD)?;
+            let pressure = PressureItem::decode(item).context(METHOD)?.totals();
+            Ok((stats, pressure))
         })
-        .collect())
-}
-
-async fn sample(c: &CriClient, pod: &Option<String>) -> anyhow::Result<Vec<cri::ContainerStats>> {
-    let filter = pod.as_ref().map(|p| cri::ContainerStatsFilter {
-        pod_sandbox_id: p.clone(),
-        ..Default::default()
-    });
-    Ok(c.runtime()
-        .list_container_stats(cri::ListContainerStatsRequest { filter })
-        .await
-        .map_err(crate::status_message)
-        .context("ListContainerStats")?
-        .into_inner()
-        .stats)
+        .collect()
 }
 
 fn cpu_nanos(s: &cri::ContainerStats) -> Option<(u64, i64)> {
@@ -137,14 +118,13 @@ async fn rows(c: &CriClient, args: &StatsArgs) -> anyhow::Result<Vec<Row>> {
     let first: HashMap<String, (u64, i64)> = sample(c, &args.pod)
         .await?
         .iter()
-        .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), cpu_nanos(s)?)))
+        .filter_map(|(s, _)| Some((s.attributes.as_ref()?.id.clone(), cpu_nanos(s)?)))
         .collect();
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(args.seconds.clamp(0.1, 60.0))).await;
     let elapsed_ns = started.elapsed().as_nanos() as f64;
     let mut rows = Vec::new();
-    let pressures = pressure(c, &args.pod).await?;
-    for s in sample(c, &args.pod).await? {
+    for (s, pressure) in sample(c, &args.pod).await? {
         let Some(attrs) = &s.attributes else { continue };
         let cpu_percent = match (first.get(&attrs.id), cpu_nanos(&s)) {
             (Some((before, t0)), Some((after, t1))) => {
@@ -187,7 +167,7 @@ async fn rows(c: &CriClient, args: &StatsArgs) -> anyhow::Result<Vec<Row>> {
                 .as_ref()
                 .map(|w| value(&w.inodes_used))
                 .unwrap_or(0),
-            pressure_stall_us: pressures.get(&attrs.id).copied(),
+            pressure_stall_us: pressure,
         });
     }
     rows.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
