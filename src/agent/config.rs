@@ -149,6 +149,10 @@ pub struct AgentConfig {
     /// `kernel.sem`, `fs.mqueue.*`). A pod setting any other sysctl is refused
     /// (SysctlForbidden), as is one setting a sysctl of a namespace it shares with the host.
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// Where device plugins register (`kubelet.sock`, served by the agent) and serve their own
+    /// sockets: the kubelet's directory, so the device plugins a node runs find the agent as
+    /// they find the kubelet. Empty: no device plugins.
+    pub device_plugin_dir: PathBuf,
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
@@ -290,6 +294,7 @@ impl Default for AgentConfig {
             container_log_max_files: 5,
             container_log_monitor_interval_secs: 10.0,
             allowed_unsafe_sysctls: Vec::new(),
+            device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
         }
     }
 }

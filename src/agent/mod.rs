@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod devices;
 pub mod eviction;
 pub mod gc;
 pub mod log_rotation;
@@ -100,6 +101,8 @@ pub struct AgentContext {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// Where events go (None without an API server).
     pub events: Option<cluster::events::Recorder>,
+    /// The node's device plugins and the devices pods hold.
+    pub devices: Arc<devices::DeviceManager>,
 }
 
 /// Starts the agent against the CRI socket `socket`: the manifest source with its pod workers,
@@ -160,7 +163,14 @@ pub async fn start(
         )),
         cluster: cluster.clone(),
         events: cluster.clone().map(cluster::events::Recorder::start),
+        devices: Arc::new(devices::DeviceManager::new(
+            &cfg.device_plugin_dir,
+            &root.join("agent/device-allocations.json"),
+        )),
     });
+    if !cfg.device_plugin_dir.as_os_str().is_empty() {
+        tokio::spawn(devices::registration::serve(ctx.devices.clone()));
+    }
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),
         Duration::from_millis(cfg.sync_period_ms),

@@ -238,14 +238,17 @@ impl NodeStatus {
     }
 
     /// Computes the status every update period, forever, and at once when pods are asked to
-    /// end (a node shutdown turns the node NotReady before its pods end).
+    /// end (a node shutdown turns the node NotReady before its pods end) or a device plugin's
+    /// devices change.
     pub async fn run(self: Arc<Self>) {
+        let mut devices = self.ctx.devices.subscribe();
         loop {
             let node = self.compute().await;
             self.record(node).await;
             tokio::select! {
                 _ = tokio::time::sleep(self.update) => {}
                 _ = self.ctx.terminations.changed() => {}
+                _ = devices.changed() => {}
             }
         }
     }
@@ -464,7 +467,7 @@ impl NodeStatus {
             .map(|n| n.get())
             .unwrap_or(1);
         let disk_total = self.nodefs_capacity();
-        let (capacity, allocatable) = capacity_and_allocatable(
+        let (mut capacity, mut allocatable) = capacity_and_allocatable(
             &Capacity {
                 cpus: cpus as u64,
                 memory: id.memory_bytes,
@@ -472,6 +475,11 @@ impl NodeStatus {
             },
             &self.ctx.config,
         );
+        // Device plugins' resources: every device as capacity, the healthy ones allocatable.
+        for (resource, (devices, healthy)) in self.ctx.devices.resources() {
+            capacity.insert(resource.clone(), Quantity(devices.to_string()));
+            allocatable.insert(resource, Quantity(healthy.to_string()));
+        }
         let images = self.images().await;
         let mut addresses = Vec::new();
         if !id.internal_ip.is_empty() {

@@ -282,6 +282,12 @@ impl PodManager {
             }
             false
         });
+        // Devices go back once no worker runs the pod that held them (a restarted agent
+        // waits until every source has said what it wants).
+        if all_reported {
+            let running: HashSet<&str> = workers.values().map(|w| w.uid.as_str()).collect();
+            self.ctx.devices.retain_pods(&running);
+        }
         let mut starts: Vec<(&PodKey, Source, &DesiredPod)> = union
             .iter()
             .filter(|(k, _)| !workers.contains_key(**k) && !refused.contains_key(**k))
@@ -304,12 +310,21 @@ impl PodManager {
             .collect();
         for (key, source, d) in starts {
             // Every pod passes the sysctl allowlist; API pods then the node's checks.
-            let verdict = admission::admit_sysctls(&d.pod, &self.sysctls).and_then(|()| {
-                match (source, &view) {
+            // Devices last, as the kubelet's device manager admits after the other checks.
+            let verdict = admission::admit_sysctls(&d.pod, &self.sysctls)
+                .and_then(|()| match (source, &view) {
                     (Source::Api, Some(view)) => admission::admit(&d.pod, &admitted, view),
                     _ => Ok(()),
-                }
-            });
+                })
+                .and_then(|()| {
+                    self.ctx
+                        .devices
+                        .admit(&d.uid, &d.pod)
+                        .map_err(|u| admission::Refusal {
+                            reason: crate::agent::devices::UNEXPECTED_ADMISSION_ERROR.into(),
+                            message: u.message,
+                        })
+                });
             if let Err(r) = verdict {
                 tracing::warn!(pod = %format!("{}/{}", key.0, key.1), reason = %r.reason, message = %r.message, "pod refused at admission");
                 // A Warning event with the refusal's reason, as the kubelet's rejectPod.

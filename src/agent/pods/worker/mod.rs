@@ -897,6 +897,14 @@ impl PodWorker {
                 }
             }
         }
+        match self.ctx.devices.grant(&self.desired.uid, &c.name).await {
+            Ok(Some(granted)) => crate::agent::devices::apply(&granted, &mut config),
+            Ok(None) => {}
+            Err(e) => {
+                self.config_error(&c.name, now, "device allocation", e.to_string());
+                return;
+            }
+        }
         if let Err(e) = self.check_non_root(c, &image).await {
             self.config_error(&c.name, now, "runAsNonRoot refused", e);
             return;

@@ -1,0 +1,128 @@
+//! One registered device plugin: the connection to its socket and the calls the agent makes on
+//! it (ListAndWatch, Allocate, PreStartContainer).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::DeviceError;
+use super::api::device_plugin_client::DevicePluginClient;
+use super::api::{
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, DevicePluginOptions,
+    Empty, ListAndWatchResponse, PreStartContainerRequest,
+};
+
+/// How long a plugin's socket may take to accept the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long Allocate and PreStartContainer may take (the kubelet's PreStartContainer bound).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connected device plugin.
+pub struct Plugin {
+    /// The resource it serves.
+    pub resource: String,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// What it said it needs at registration.
+    pub options: DevicePluginOptions,
+    client: DevicePluginClient<Channel>,
+}
+
+impl Plugin {
+    /// Connects to the plugin serving `resource` on `socket`.
+    pub async fn connect(
+        resource: &str,
+        socket: &Path,
+        options: DevicePluginOptions,
+    ) -> Result<Self, DeviceError> {
+        let path = socket.to_path_buf();
+        let failed = |error: String| DeviceError::Connect {
+            resource: resource.to_string(),
+            socket: socket.to_path_buf(),
+            error,
+        };
+        let endpoint = Endpoint::try_from("http://[::]:50051")
+            .map_err(|e| failed(e.to_string()))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(&path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(Self {
+            resource: resource.to_string(),
+            socket: socket.to_path_buf(),
+            options,
+            client: DevicePluginClient::new(channel),
+        })
+    }
+
+    /// Opens the plugin's stream of device lists.
+    pub async fn list_and_watch(
+        &self,
+    ) -> Result<tonic::Streaming<ListAndWatchResponse>, DeviceError> {
+        let mut client = self.client.clone();
+        client
+            .list_and_watch(Empty {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| self.rpc("ListAndWatch", status))
+    }
+
+    /// Asks the plugin to set up devices `ids` for one container.
+    pub async fn allocate(&self, ids: &[String]) -> Result<ContainerAllocateResponse, DeviceError> {
+        let mut client = self.client.clone();
+        let request = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_i_ds: ids.to_vec(),
+            }],
+        };
+        let answer = tokio::time::timeout(CALL_TIMEOUT, client.allocate(request))
+            .await
+            .map_err(|_| self.rpc("Allocate", tonic::Status::deadline_exceeded("timed out")))?
+            .map_err(|status| self.rpc("Allocate", status))?
+            .into_inner();
+        let mut responses = answer.container_responses.into_iter();
+        match (responses.next(), responses.next()) {
+            (Some(one), None) => Ok(one),
+            _ => Err(self.rpc(
+                "Allocate",
+                tonic::Status::internal("the answer is not one container's"),
+            )),
+        }
+    }
+
+    /// Tells the plugin that a container holding devices `ids` is about to start.
+    pub async fn pre_start(&self, ids: &[String]) -> Result<(), DeviceError> {
+        let mut client = self.client.clone();
+        let request = PreStartContainerRequest {
+            devices_i_ds: ids.to_vec(),
+        };
+        tokio::time::timeout(CALL_TIMEOUT, client.pre_start_container(request))
+            .await
+            .map_err(|_| {
+                self.rpc(
+                    "PreStartContainer",
+                    tonic::Status::deadline_exceeded("timed out"),
+                )
+            })?
+            .map_err(|status| self.rpc("PreStartContainer", status))?;
+        Ok(())
+    }
+
+    fn rpc(&self, call: &'static str, status: tonic::Status) -> DeviceError {
+        DeviceError::Rpc {
+            resource: self.resource.clone(),
+            call,
+            message: status.message().to_string(),
+        }
+    }
+}

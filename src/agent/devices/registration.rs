@@ -1,0 +1,138 @@
+//! The Registration service device plugins call on `kubelet.sock` in the device plugin
+//! directory: each names its API version, its socket (a file in that directory) and its
+//! resource, and the agent then connects to it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::DeviceManager;
+use super::api::registration_server::{Registration, RegistrationServer};
+use super::api::{Empty, RegisterRequest};
+use crate::agent::runtime::resources::is_extended_resource;
+
+/// The registration socket's name in the device plugin directory.
+pub const SOCKET_NAME: &str = "kubelet.sock";
+
+/// The API versions the agent speaks.
+pub const VERSIONS: [&str; 1] = ["v1beta1"];
+
+struct Registrar {
+    manager: Arc<DeviceManager>,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let request = request.into_inner();
+        check(&request).map_err(|why| {
+            tracing::warn!(resource = %request.resource_name, endpoint = %request.endpoint, %why, "device plugin registration refused");
+            Status::invalid_argument(why)
+        })?;
+        tracing::info!(resource = %request.resource_name, endpoint = %request.endpoint, "device plugin registered");
+        // The plugin waits for this answer before it serves: connect after it.
+        tokio::spawn(self.manager.clone().attach(request));
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// Why a registration is refused, if it is.
+fn check(r: &RegisterRequest) -> Result<(), String> {
+    if !VERSIONS.contains(&r.version.as_str()) {
+        return Err(format!(
+            "device plugin {:?}: API version {:?} is not supported (supported: {})",
+            r.resource_name,
+            r.version,
+            VERSIONS.join(", ")
+        ));
+    }
+    if !is_extended_resource(&r.resource_name)
+        || r.resource_name.split('/').count() != 2
+        || r.resource_name.split('/').any(str::is_empty)
+    {
+        return Err(format!(
+            "device plugin resource {:?} is not an extended resource name (domain/name outside kubernetes.io)",
+            r.resource_name
+        ));
+    }
+    let plain = !r.endpoint.is_empty()
+        && !r.endpoint.contains('/')
+        && r.endpoint != "."
+        && r.endpoint != ".."
+        && r.endpoint != SOCKET_NAME;
+    if !plain {
+        return Err(format!(
+            "device plugin {:?}: endpoint {:?} must name a socket file in the device plugin directory",
+            r.resource_name, r.endpoint
+        ));
+    }
+    Ok(())
+}
+
+/// Serves the Registration service on `kubelet.sock` in the manager's directory until the
+/// agent ends; a socket left by an earlier run is replaced.
+pub async fn serve(manager: Arc<DeviceManager>) {
+    let dir = manager.dir().to_path_buf();
+    let socket = dir.join(SOCKET_NAME);
+    let listener = std::fs::create_dir_all(&dir)
+        .and_then(|()| match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .and_then(|()| tokio::net::UnixListener::bind(&socket))
+        .and_then(|l| {
+            // Only root registers device plugins.
+            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+            Ok(l)
+        });
+    let listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(socket = %socket.display(), error = %e, "device plugin registration not served");
+            return;
+        }
+    };
+    tracing::info!(socket = %socket.display(), "serving device plugin registration");
+    let served = tonic::transport::Server::builder()
+        .add_service(RegistrationServer::new(Registrar { manager }))
+        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+        .await;
+    if let Err(e) = served {
+        tracing::error!(socket = %socket.display(), error = %e, "device plugin registration ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(version: &str, endpoint: &str, resource: &str) -> RegisterRequest {
+        RegisterRequest {
+            version: version.into(),
+            endpoint: endpoint.into(),
+            resource_name: resource.into(),
+            options: None,
+        }
+    }
+
+    #[test]
+    fn registrations_name_a_version_a_socket_of_the_directory_and_an_extended_resource() {
+        assert!(check(&request("v1beta1", "dp.sock", "example.com/gpu")).is_ok());
+        let refused = [
+            request("v1alpha", "dp.sock", "example.com/gpu"),
+            request("v1beta1", "../../run/x.sock", "example.com/gpu"),
+            request("v1beta1", "/run/x.sock", "example.com/gpu"),
+            request("v1beta1", "", "example.com/gpu"),
+            request("v1beta1", "kubelet.sock", "example.com/gpu"),
+            request("v1beta1", "dp.sock", "gpu"),
+            request("v1beta1", "dp.sock", "kubernetes.io/gpu"),
+            request("v1beta1", "dp.sock", "example.com/"),
+            request("v1beta1", "dp.sock", "example.com/a/b"),
+        ];
+        for r in refused {
+            let why = check(&r).expect_err("refused");
+            assert!(why.contains(&format!("{:?}", r.resource_name)), "{why}");
+        }
+    }
+}
