@@ -3,7 +3,7 @@
 mod added_calls;
 pub mod api_v136;
 mod archive_service;
-mod authority;
+pub(crate) mod authority;
 mod checkpoint;
 mod container_service;
 mod encoded_lists;

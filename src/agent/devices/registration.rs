@@ -5,12 +5,16 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use tonic::{Request, Response, Status};
 
 use super::DeviceManager;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{Empty, RegisterRequest};
 use crate::agent::runtime::resources::is_extended_resource;
+use crate::cri::authority::AuthorityFilter;
 
 /// The registration socket's name in the device plugin directory.
 pub const SOCKET_NAME: &str = "kubelet.sock";
@@ -70,8 +74,8 @@ fn check(r: &RegisterRequest) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves the Registration service on `kubelet.sock` in the manager's directory until the
-/// agent ends; a socket left by an earlier run is replaced.
+/// Serves the Registration service on `kubelet.sock` in the manager's directory until berthd
+/// ends; a socket left by an earlier run is replaced.
 pub async fn serve(manager: Arc<DeviceManager>) {
     let dir = manager.dir().to_path_buf();
     let socket = dir.join(SOCKET_NAME);
@@ -94,12 +98,28 @@ pub async fn serve(manager: Arc<DeviceManager>) {
         }
     };
     tracing::info!(socket = %socket.display(), "serving device plugin registration");
-    let served = tonic::transport::Server::builder()
-        .add_service(RegistrationServer::new(Registrar { manager }))
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
-        .await;
-    if let Err(e) = served {
-        tracing::error!(socket = %socket.display(), error = %e, "device plugin registration ended");
+    let service = RegistrationServer::new(Registrar { manager });
+    let builder = auto::Builder::new(TokioExecutor::new()).http2_only();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(socket = %socket.display(), error = %e, "accepting a device plugin connection");
+                continue;
+            }
+        };
+        // Plugins built with older gRPC send the socket's path as :authority.
+        let conn = builder
+            .serve_connection(
+                TokioIo::new(AuthorityFilter::new(stream)),
+                TowerToHyperService::new(service.clone()),
+            )
+            .into_owned();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "device plugin registration connection ended");
+            }
+        });
     }
 }
 

@@ -282,11 +282,19 @@ impl PodManager {
             }
             false
         });
-        // Devices go back once no worker runs the pod that held them (a restarted agent
-        // waits until every source has said what it wants).
+        // Devices go back once no worker runs the pod that held them and no source wants it
+        // run (a restarted agent waits until every source has said what it wants).
         if all_reported {
-            let running: HashSet<&str> = workers.values().map(|w| w.uid.as_str()).collect();
-            self.ctx.devices.retain_pods(&running);
+            let wanted = union
+                .values()
+                .filter(|(_, d)| !being_deleted(&d.pod) && !finished(&d.pod))
+                .map(|(_, d)| d.uid.as_str());
+            let holders: HashSet<&str> = workers
+                .values()
+                .map(|w| w.uid.as_str())
+                .chain(wanted)
+                .collect();
+            self.ctx.devices.retain_pods(&holders);
         }
         let mut starts: Vec<(&PodKey, Source, &DesiredPod)> = union
             .iter()

@@ -1,0 +1,207 @@
+//! Device plugins through the agent, with the Kubernetes tests' own sample device plugin (two
+//! devices of `example.com/resource`, each a file it makes under /tmp and mounts into the
+//! container that holds it): the node reports them, pods get distinct devices, a pod asking
+//! for more than is free is refused, freed devices are given again, and the devices pods hold
+//! outlive the plugin and a restart of berthd.
+//!
+//! The sample plugin registers on the kubelet's own socket path, so the agent serves the
+//! kubelet's directory here: this test runs in the stock kubelet's test group.
+
+mod agent_support;
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use agent_support::*;
+use common::{exec_ok, image};
+
+/// The kubelet's device plugin directory, where the sample plugin registers.
+const PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+/// The sample plugin, killed and its socket removed when dropped.
+struct SamplePlugin {
+    child: Child,
+    sockets_before: Vec<PathBuf>,
+}
+
+impl SamplePlugin {
+    fn start(log: &Path) -> Self {
+        let var = "BERTH_TEST_SAMPLE_DEVICE_PLUGIN";
+        let bin = std::env::var(var).unwrap_or_else(|_| {
+            panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
+        });
+        let sockets_before = plugin_sockets();
+        let child = common::spawn_logged(Command::new(bin).env("PLUGIN_SOCK_DIR", PLUGIN_DIR), log);
+        Self {
+            child,
+            sockets_before,
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for s in plugin_sockets() {
+            if !self.sockets_before.contains(&s) {
+                let _ = std::fs::remove_file(s);
+            }
+        }
+    }
+}
+
+impl Drop for SamplePlugin {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The sample plugin's sockets (`dp.<time>`) in the directory.
+fn plugin_sockets() -> Vec<PathBuf> {
+    std::fs::read_dir(PLUGIN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("dp."))
+        })
+        .collect()
+}
+
+fn manifest(name: &str, devices: u32) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {img}\n    command: [\"sleep\", \"1000\"]\n    resources:\n      limits:\n        example.com/resource: \"{devices}\"\n",
+        img = image("busybox")
+    )
+}
+
+/// The node's capacity and allocatable of the sample plugin's resource.
+fn node_devices(a: &Agent) -> (String, String) {
+    let node = a.get("/node").1;
+    let of = |field: &str| {
+        node["status"][field]["example.com/resource"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    (of("capacity"), of("allocatable"))
+}
+
+/// The sample devices mounted in the running main container of pod `uid`.
+async fn devices_in(c: &berth::client::CriClient, uid: &str) -> Vec<String> {
+    let id = running_container(c, uid, "main").await;
+    let listed = exec_ok(c, &id, &["ls", "/tmp"]).await;
+    listed
+        .split_whitespace()
+        .filter(|n| n.starts_with("Dev-"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn uid(pod: &serde_json::Value) -> String {
+    pod["metadata"]["uid"].as_str().expect("uid").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_device_plugin_serves_pods_through_the_agent() {
+    let mut a = Agent::start_with_config(&[], &format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
+    let registration = Path::new(PLUGIN_DIR).join("kubelet.sock");
+    a.wait("the registration socket", Duration::from_secs(20), |_| {
+        registration.exists()
+    });
+    let mut plugin = SamplePlugin::start(&a._conf.path().join("sample-device-plugin.log"));
+    a.wait(
+        "the plugin's devices in the node status",
+        Duration::from_secs(30),
+        |a| node_devices(a) == ("2".into(), "2".into()),
+    );
+
+    // Two pods, one device each: distinct devices, as the plugin mounted them.
+    a.write("one.yaml", &manifest("one", 1));
+    a.write("two.yaml", &manifest("two", 1));
+    let one = uid(&a.wait_pod("default", "one", "running", |p| running(p, "main")));
+    let two = uid(&a.wait_pod("default", "two", "running", |p| running(p, "main")));
+    let c = a.daemon.client().await;
+    let (d1, d2) = (devices_in(&c, &one).await, devices_in(&c, &two).await);
+    assert_eq!((d1.len(), d2.len()), (1, 1), "{d1:?} {d2:?}");
+    assert_ne!(d1, d2, "two pods got the same device");
+
+    // None is left: a third pod is refused as the kubelet refuses it.
+    a.write("three.yaml", &manifest("three", 1));
+    let three = a.wait_pod("default", "three", "refused", |p| {
+        p["status"]["phase"] == "Failed"
+    });
+    assert_eq!(three["status"]["reason"], "UnexpectedAdmissionError");
+    let message = three["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("example.com/resource") && message.contains("Requested: 1, Available: 0"),
+        "{message}"
+    );
+    std::fs::remove_file(a.manifest("three.yaml")).expect("remove three");
+
+    // Pod one gone, its device goes to the next pod.
+    std::fs::remove_file(a.manifest("one.yaml")).expect("remove one");
+    a.wait("pod one gone", Duration::from_secs(60), |a| {
+        a.pod("default", "one").is_none()
+    });
+    a.write("four.yaml", &manifest("four", 1));
+    let four = uid(&a.wait_pod("default", "four", "running", |p| running(p, "main")));
+    assert_eq!(
+        devices_in(&c, &four).await,
+        d1,
+        "pod one's device given again"
+    );
+
+    // The plugin ends: its devices stay counted but none is allocatable; the pods run on.
+    plugin.stop();
+    a.wait(
+        "the plugin's devices unhealthy",
+        Duration::from_secs(30),
+        |a| node_devices(a) == ("2".into(), "0".into()),
+    );
+
+    // berthd restarted: the pods keep their devices, and a container started again after it
+    // (with no plugin to ask) gets the same device from what was kept.
+    let kept = a.daemon.root().join("agent/device-allocations.json");
+    a.daemon.stop();
+    a.respawn();
+    let ckpt: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&kept).expect("allocations kept")).expect("json");
+    let held: Vec<&String> = ckpt["pods"].as_object().expect("pods").keys().collect();
+    assert_eq!(held.len(), 2, "{ckpt}");
+    assert!(held.contains(&&two) && held.contains(&&four), "{ckpt}");
+    let c = a.daemon.client().await;
+    let before = running_container(&c, &two, "main").await;
+    c.runtime()
+        .stop_container(k8s_cri::v1::StopContainerRequest {
+            container_id: before.clone(),
+            timeout: 0,
+        })
+        .await
+        .expect("StopContainer");
+    let restarted = a.wait_pod("default", "two", "restarted", |p| {
+        restarts(p, "main") >= 1 && running(p, "main")
+    });
+    assert_eq!(uid(&restarted), two);
+    assert_eq!(
+        devices_in(&c, &two).await,
+        d2,
+        "the restarted container's device"
+    );
+
+    a.finish().await;
+    // Their pods gone, the devices are free: nothing is kept.
+    a.wait("allocations freed", Duration::from_secs(20), |_| {
+        std::fs::read(&kept)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["pods"].as_object().is_some_and(|p| p.is_empty()))
+    });
+    for d in d1.iter().chain(&d2) {
+        let _ = std::fs::remove_file(Path::new("/tmp").join(d));
+    }
+}
