@@ -4,11 +4,18 @@
 //! for more than is free is refused, freed devices are given again, and the devices pods hold
 //! outlive the plugin and a restart of berthd.
 //!
+//! In a cluster, the Node the API server holds carries the devices, and pods bound to the node
+//! get them or are refused.
+//!
 //! The sample plugin registers on the kubelet's own socket path, so the agent serves the
-//! kubelet's directory here: this test runs in the stock kubelet's test group.
+//! kubelet's directory here: these tests run in the stock kubelet's test group.
 
 mod agent_support;
+#[path = "agent_support/cluster_node.rs"]
+mod cluster_node;
+mod cni_support;
 mod common;
+mod kubelet_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -73,8 +80,14 @@ fn plugin_sockets() -> Vec<PathBuf> {
 }
 
 fn manifest(name: &str, devices: u32) -> String {
+    pod_manifest(name, devices, "")
+}
+
+/// A host-network pod whose container holds `devices` of the sample plugin's; `spec` adds
+/// lines to its spec.
+fn pod_manifest(name: &str, devices: u32, spec: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {img}\n    command: [\"sleep\", \"1000\"]\n    resources:\n      limits:\n        example.com/resource: \"{devices}\"\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{spec}  containers:\n  - name: main\n    image: {img}\n    command: [\"sleep\", \"1000\"]\n    resources:\n      limits:\n        example.com/resource: \"{devices}\"\n",
         img = image("busybox")
     )
 }
@@ -202,6 +215,68 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
             .is_some_and(|v| v["pods"].as_object().is_some_and(|p| p.is_empty()))
     });
     for d in d1.iter().chain(&d2) {
+        let _ = std::fs::remove_file(Path::new("/tmp").join(d));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_servers_node_carries_the_devices_and_its_pods_get_them() {
+    let n = cluster_node::AgentNode::start(&format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
+    let mut plugin = SamplePlugin::start(&n.agent._conf.path().join("sample-device-plugin.log"));
+    let resource = "{.status.%s.example\\.com/resource}";
+    n.cp.wait(
+        "the devices in the API server's Node",
+        Duration::from_secs(60),
+        |_| {
+            n.node_path(&resource.replace("%s", "capacity")) == "2"
+                && n.node_path(&resource.replace("%s", "allocatable")) == "2"
+        },
+    );
+    // Bound to the node as a scheduler binds them (this control plane runs none).
+    let spec = format!(
+        "  nodeName: {}\n  tolerations: [{{key: dedicated, operator: Exists}}]\n",
+        n.node
+    );
+    let with_ns = |yaml: String| {
+        yaml.replacen(
+            "metadata:\n",
+            &format!("metadata:\n  namespace: {}\n", n.ns),
+            1,
+        )
+    };
+    n.cp.apply(&with_ns(pod_manifest("both", 2, &spec)));
+    n.wait_pod("Running", "both", "{.status.phase}", "Running");
+    let uid = n.pod_path("both", "{.metadata.uid}");
+    let c = n.agent.daemon.client().await;
+    let mut held = devices_in(&c, &uid).await;
+    held.sort();
+    assert_eq!(held, ["Dev-1", "Dev-2"]);
+    // Both are held: the next pod is refused, Failed in the API with the kubelet's reason.
+    n.cp.apply(&with_ns(pod_manifest("more", 1, &spec)));
+    n.wait_pod("Failed", "more", "{.status.phase}", "Failed");
+    let reason = n.pod_path("more", "{.status.reason}");
+    assert!(
+        ["OutOfexample.com/resource", "UnexpectedAdmissionError"].contains(&reason.as_str()),
+        "{reason}: {}",
+        n.pod_path("more", "{.status.message}")
+    );
+    n.cp.kubectl_ok(&[
+        "-n",
+        &n.ns,
+        "delete",
+        "pod",
+        "both",
+        "more",
+        "--grace-period=1",
+        "--wait=true",
+    ]);
+    plugin.stop();
+    n.cp.wait(
+        "no device allocatable once the plugin is gone",
+        Duration::from_secs(60),
+        |_| n.node_path(&resource.replace("%s", "allocatable")) == "0",
+    );
+    for d in held {
         let _ = std::fs::remove_file(Path::new("/tmp").join(d));
     }
 }

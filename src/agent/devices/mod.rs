@@ -126,7 +126,7 @@ impl DeviceManager {
     /// ends; its devices are then unhealthy until it registers again.
     pub async fn attach(self: Arc<Self>, request: RegisterRequest) {
         let socket = self.dir.join(&request.endpoint);
-        let options = request.options.clone().unwrap_or_default();
+        let options = request.options.unwrap_or_default();
         let plugin = match Plugin::connect(&request.resource_name, &socket, options).await {
             Ok(p) => Arc::new(p),
             Err(e) => {
