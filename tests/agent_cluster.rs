@@ -1083,3 +1083,104 @@ async fn a_pod_deleted_while_berthd_was_down_is_stopped_at_its_start() {
         kept
     );
 }
+
+/// A TCP relay to the test registry that sends the registry's answers at about 96 KiB/s, so a
+/// pull through it takes seconds.
+struct SlowRegistry {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowRegistry {
+    fn start() -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let Ok(upstream) = std::net::TcpStream::connect(registry()) else {
+                    continue;
+                };
+                let (Ok(mut c_read), Ok(mut u_write)) = (client.try_clone(), upstream.try_clone())
+                else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_read, &mut u_write);
+                });
+                let (mut u_read, mut c_write) = (upstream, client);
+                std::thread::spawn(move || {
+                    let mut chunk = [0u8; 8192];
+                    while let Ok(n) = u_read.read(&mut chunk) {
+                        if n == 0 || c_write.write_all(&chunk[..n]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(80));
+                    }
+                    let _ = c_write.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Self { port, stop }
+    }
+}
+
+impl Drop for SlowRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn a_long_pull_tells_its_progress_in_pulling_events() {
+    let slow = SlowRegistry::start();
+    let n = AgentNode::start("");
+    n.cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: slow\n  namespace: {ns}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  tolerations: [{{key: dedicated, operator: Exists}}]\n  containers:\n  - name: main\n    image: 127.0.0.1:{port}/busybox:latest\n    command: [sleep, \"1000\"]\n",
+        ns = n.ns,
+        node = n.node,
+        port = slow.port,
+    ));
+    n.wait_pod("Running", "slow", "{.status.phase}", "Running");
+    let pulling =
+        n.cp.kubectl(&[
+            "-n",
+            &n.ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=slow,reason=Pulling",
+            "-o",
+            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+        ])
+        .1;
+    // The first at the start, then at least one with the bytes so far, of the image's layers.
+    let progress: Vec<(u64, u64)> = pulling
+        .lines()
+        .filter_map(|l| {
+            let (_, counts) = l.split_once("\": ")?;
+            let (received, rest) = counts.split_once(" of ")?;
+            let total = rest.strip_suffix(" bytes received")?;
+            Some((received.parse().ok()?, total.parse().ok()?))
+        })
+        .collect();
+    assert!(
+        pulling.lines().any(|l| l.ends_with("busybox:latest\"")),
+        "{pulling}"
+    );
+    assert!(!progress.is_empty(), "no progress event: {pulling}");
+    for (received, total) in progress {
+        assert!(received > 0 && received < total, "{pulling}");
+        // busybox's one layer (the manifest and config are not counted).
+        assert!((1_000_000..2_000_000).contains(&total), "{pulling}");
+    }
+}

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 
 mod publish;
+mod pull_progress;
 mod stop;
 
 use super::backoff::Backoff;
@@ -1207,14 +1208,34 @@ impl PodWorker {
             format!("Pulling image \"{image}\""),
         );
         let pull_started = Instant::now();
-        match images
-            .pull_image(cri::PullImageRequest {
-                image: Some(spec),
-                auth: None,
-                sandbox_config: None,
-            })
-            .await
-        {
+        let mut puller = images.clone();
+        let pull = puller.pull_image(cri::PullImageRequest {
+            image: Some(spec),
+            auth: None,
+            sandbox_config: None,
+        });
+        tokio::pin!(pull);
+        // A long pull says how far it has come, every so often.
+        let mut ticker = tokio::time::interval_at(
+            tokio::time::Instant::now() + pull_progress::EVERY,
+            pull_progress::EVERY,
+        );
+        let pulled = loop {
+            tokio::select! {
+                r = &mut pull => break r,
+                _ = ticker.tick() => {
+                    if let Some((received, total)) = pull_progress::progress(&self.ctx.client, &image).await {
+                        self.event(
+                            Some(&c.name),
+                            EventType::Normal,
+                            "Pulling",
+                            pull_progress::message(&image, received, total),
+                        );
+                    }
+                }
+            }
+        };
+        match pulled {
             Ok(r) => {
                 let took = pull_started.elapsed();
                 self.pull_backoff.reset(&image);
