@@ -1,4 +1,5 @@
-//! CRI clients over a unix socket, for berthctl and the tests.
+//! CRI clients over a unix socket, for berthctl, the agent and the tests, and the unix-socket
+//! gRPC channel they (and the agent's device plugin clients) connect with.
 
 use std::path::{Path, PathBuf};
 
@@ -25,21 +26,26 @@ pub fn socket_path(endpoint: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// A gRPC channel to the server on the unix socket at `path`.
+pub async fn unix_channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 impl CriClient {
     /// Connects to the CRI socket at `path`.
     pub async fn connect(path: &Path) -> anyhow::Result<Self> {
-        let path = path.to_owned();
-        let shown = path.display().to_string();
-        let channel = Endpoint::try_from("http://[::]:50051")?
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(&path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
-                }
-            }))
+        let channel = unix_channel(path)
             .await
-            .with_context(|| format!("connecting to CRI socket {shown}"))?;
+            .with_context(|| format!("connecting to CRI socket {}", path.display()))?;
         Ok(Self { channel })
     }
 

@@ -143,16 +143,7 @@ async fn start_plugin(dir: &Path, plugin: FakePlugin) -> tokio::task::JoinHandle
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
             .await;
     });
-    let registration = dir.join("kubelet.sock");
-    let channel = tonic::transport::Endpoint::try_from("http://localhost")
-        .expect("endpoint")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = registration.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
+    let channel = berth::client::unix_channel(&dir.join("kubelet.sock"))
         .await
         .expect("connect to kubelet.sock");
     RegistrationClient::new(channel)

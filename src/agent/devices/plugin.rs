@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use super::DeviceError;
 use super::api::device_plugin_client::DevicePluginClient;
@@ -38,25 +37,15 @@ impl Plugin {
         socket: &Path,
         options: DevicePluginOptions,
     ) -> Result<Self, DeviceError> {
-        let path = socket.to_path_buf();
-        let failed = |error: String| DeviceError::Connect {
-            resource: resource.to_string(),
-            socket: socket.to_path_buf(),
-            error,
-        };
-        let endpoint = Endpoint::try_from("http://[::]:50051")
-            .map_err(|e| failed(e.to_string()))?
-            .connect_timeout(CONNECT_TIMEOUT);
-        let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(&path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
-                }
-            }))
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, crate::client::unix_channel(socket))
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|_| "timed out".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|error| DeviceError::Connect {
+                resource: resource.to_string(),
+                socket: socket.to_path_buf(),
+                error,
+            })?;
         Ok(Self {
             resource: resource.to_string(),
             socket: socket.to_path_buf(),
