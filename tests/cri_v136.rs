@@ -343,10 +343,10 @@ async fn update_pod_sandbox_resources_records_them_and_names_an_unknown_pod() {
     remove_pod(&c, &pod).await;
 }
 
-/// A CreateContainerRequest whose config carries `stop_signal` (18) as a v0.36 client writes
-/// it.
+/// A CreateContainerRequest with its config as bytes, as a v0.36 client writes it (with
+/// `stop_signal` (18), or an env value that is not UTF-8).
 #[derive(Clone, PartialEq, prost::Message)]
-struct CreateWithStopSignal {
+struct CreateWithRawConfig {
     #[prost(string, tag = "1")]
     pod_sandbox_id: String,
     #[prost(bytes = "vec", tag = "2")]
@@ -403,7 +403,7 @@ async fn the_config_s_stop_signal_stops_the_container_and_is_reported() {
     let created: cri::CreateContainerResponse = unary(
         &c,
         "/runtime.v1.RuntimeService/CreateContainer",
-        CreateWithStopSignal {
+        CreateWithRawConfig {
             pod_sandbox_id: pod.clone(),
             config: config_bytes,
             sandbox_config: Some(pod_cfg.clone()),
@@ -452,7 +452,7 @@ async fn the_config_s_stop_signal_stops_the_container_and_is_reported() {
     let e = unary::<_, cri::CreateContainerResponse>(
         &c,
         "/runtime.v1.RuntimeService/CreateContainer",
-        CreateWithStopSignal {
+        CreateWithRawConfig {
             pod_sandbox_id: pod.clone(),
             config: bad,
             sandbox_config: Some(pod_cfg.clone()),
@@ -508,7 +508,7 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     };
     let create = |name: &str, sub_path: &'static str| {
         let config = sh_container(name, &img, "sleep 300", cri::NamespaceMode::Pod);
-        CreateWithStopSignal {
+        CreateWithRawConfig {
             pod_sandbox_id: pod.clone(),
             config: config_with_image_sub_paths(&config, &[(volume.clone(), sub_path)]),
             sandbox_config: Some(pod_cfg.clone()),
@@ -594,4 +594,57 @@ async fn status_reports_user_namespaces_with_the_host_network_where_user_namespa
     assert_eq!(features.user_namespaces_host_network, userns);
     // The crate's own field, merged from the first message, is still there.
     assert!(features.supplemental_groups_policy);
+}
+
+#[tokio::test]
+async fn an_env_value_that_is_not_utf8_reaches_the_process_with_replacement_characters() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let img = image("busybox");
+    pull(&c, &img).await.expect("pull");
+    let logs = TempDir::new("env-bytes");
+    let pod_cfg = pod_config("envbytes", logs.path(), cri::NamespaceMode::Pod);
+    let pod = run_pod(&c, &pod_cfg).await;
+    let mut config = sh_container("env", &img, "sleep 300", cri::NamespaceMode::Pod);
+    config.envs.push(cri::KeyValue {
+        key: "LATIN1".into(),
+        value: "caf_".into(),
+    });
+    // Latin-1 "café" (0xe9 is no UTF-8): KeyValue.value is bytes in v0.36.
+    let mut config_bytes = config.encode_to_vec();
+    let at = config_bytes
+        .windows(4)
+        .position(|w| w == b"caf_")
+        .expect("value");
+    config_bytes[at + 3] = 0xe9;
+    let created: cri::CreateContainerResponse = unary(
+        &c,
+        "/runtime.v1.RuntimeService/CreateContainer",
+        CreateWithRawConfig {
+            pod_sandbox_id: pod.clone(),
+            config: config_bytes,
+            sandbox_config: Some(pod_cfg.clone()),
+        },
+    )
+    .await
+    .expect("CreateContainer with a Latin-1 env value");
+    let id = created.container_id;
+    c.runtime()
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("StartContainer");
+    let seen = exec_ok(
+        &c,
+        &id,
+        &["sh", "-c", "printf %s \"$LATIN1\" | od -An -tx1"],
+    )
+    .await;
+    assert_eq!(
+        seen.split_whitespace().collect::<Vec<_>>(),
+        ["63", "61", "66", "ef", "bf", "bd"],
+        "c a f U+FFFD"
+    );
+    remove_pod(&c, &pod).await;
 }

@@ -2,11 +2,13 @@
 //! are read from its bytes a second time, as a shadow message declaring only them
 //! ([`DualCodec`]); a response's are written after it as a second message ([`Appended`]),
 //! which the client merges into the first, as protobuf merges every occurrence of an embedded
-//! message field.
+//! message field. A request the crate's type cannot read at all (a field whose type changed)
+//! is made readable first ([`Readable`]).
 
 use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut};
+use k8s_cri::v1 as cri;
 use prost::Message;
 use prost::encoding::{DecodeContext, WireType};
 use tonic::Status;
@@ -58,7 +60,7 @@ impl<Resp, Req, Ext> Default for DualCodec<Resp, Req, Ext> {
 impl<Resp, Req, Ext> Codec for DualCodec<Resp, Req, Ext>
 where
     Resp: Message + Send + 'static,
-    Req: Message + Default + Send + 'static,
+    Req: Readable + Send + 'static,
     Ext: Message + Default + Send + 'static,
 {
     type Encode = Resp;
@@ -78,17 +80,84 @@ where
 /// Decodes one request message twice.
 pub struct DualDecoder<Req, Ext>(PhantomData<fn() -> (Req, Ext)>);
 
-impl<Req: Message + Default, Ext: Message + Default> Decoder for DualDecoder<Req, Ext> {
+impl<Req: Readable, Ext: Message + Default> Decoder for DualDecoder<Req, Ext> {
     type Item = (Req, Ext);
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
         let bytes = buf.copy_to_bytes(buf.remaining());
         let invalid = |e: prost::DecodeError| Status::internal(e.to_string());
-        let req = Req::decode(bytes.clone()).map_err(invalid)?;
+        let req = match Req::decode(bytes.clone()) {
+            Ok(req) => req,
+            Err(e) => {
+                let req = Req::repaired(&bytes)
+                    .and_then(|b| Req::decode(b.as_slice()).ok())
+                    .ok_or_else(|| invalid(e))?;
+                tracing::info!(
+                    request = std::any::type_name::<Req>(),
+                    "request read once repaired (see Readable)"
+                );
+                req
+            }
+        };
         let ext = Ext::decode(bytes).map_err(invalid)?;
         Ok(Some((req, ext)))
     }
+}
+
+/// A request the crate's type may fail to read as a v0.36 client writes it.
+pub trait Readable: Message + Default {
+    /// The request's bytes made readable by the crate's type (None: they cannot be).
+    fn repaired(_bytes: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+impl Readable for cri::CreateContainerRequest {
+    /// v0.36 made `KeyValue.value` bytes, so an env value need not be UTF-8 any more, where the
+    /// crate reads a string. Such a value is taken with each invalid sequence replaced by
+    /// U+FFFD, which is what the process gets from containerd too (Go writes the OCI spec's env
+    /// strings that way). Request field 2 is the config, its field 6 the envs, and their field
+    /// 2 the value.
+    fn repaired(bytes: &[u8]) -> Option<Vec<u8>> {
+        let lossy =
+            &mut |value: &[u8]| Some(String::from_utf8_lossy(value).into_owned().into_bytes());
+        let env = &mut |kv: &[u8]| rewrite(kv, 2, lossy);
+        let config = &mut |config: &[u8]| rewrite(config, 6, env);
+        let repaired = rewrite(bytes, 2, config)?;
+        tracing::info!(
+            "CreateContainer: env values that are not UTF-8 taken with U+FFFD for their invalid bytes"
+        );
+        Some(repaired)
+    }
+}
+
+/// `msg` with each length-delimited field `tag` replaced by what `f` makes of its bytes, every
+/// other field copied as it is (None: `msg`, or what `f` was given, is no message).
+fn rewrite(msg: &[u8], tag: u32, f: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>) -> Option<Vec<u8>> {
+    use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, skip_field};
+    let mut out = Vec::with_capacity(msg.len());
+    let mut rest = msg;
+    while !rest.is_empty() {
+        let start = msg.len() - rest.len();
+        let (field, wire_type) = decode_key(&mut rest).ok()?;
+        if field == tag && wire_type == WireType::LengthDelimited {
+            let len = usize::try_from(decode_varint(&mut rest).ok()?).ok()?;
+            if len > rest.len() {
+                return None;
+            }
+            let (payload, after) = rest.split_at(len);
+            let new = f(payload)?;
+            encode_key(field, wire_type, &mut out);
+            encode_varint(new.len() as u64, &mut out);
+            out.extend_from_slice(&new);
+            rest = after;
+        } else {
+            skip_field(wire_type, field, &mut rest, DecodeContext::default()).ok()?;
+            out.extend_from_slice(&msg[start..msg.len() - rest.len()]);
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -98,7 +167,6 @@ mod tests {
         CreateContainerRequestExt,
     };
     use super::*;
-    use k8s_cri::v1 as cri;
 
     #[test]
     fn an_appended_status_field_merges_into_the_status() {
@@ -123,6 +191,45 @@ mod tests {
             ContainerStatusResponseExt::decode(bytes.as_slice()).expect("new"),
             ext
         );
+    }
+
+    #[test]
+    fn env_values_that_are_not_utf8_are_read_with_replacement_characters() {
+        let config = cri::ContainerConfig {
+            envs: vec![
+                cri::KeyValue {
+                    key: "PLAIN".into(),
+                    value: "ok".into(),
+                },
+                cri::KeyValue {
+                    key: "BINARY".into(),
+                    value: "caf_".into(),
+                },
+            ],
+            working_dir: "/w".into(),
+            ..Default::default()
+        };
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: "pod".into(),
+            config: Some(config),
+            ..Default::default()
+        };
+        // Latin-1 "café", as a v0.36 client may send it: 0xe9 is no UTF-8.
+        let mut bytes = req.encode_to_vec();
+        let at = bytes.windows(4).position(|w| w == b"caf_").expect("value");
+        bytes[at + 3] = 0xe9;
+        assert!(cri::CreateContainerRequest::decode(bytes.as_slice()).is_err());
+        let repaired = cri::CreateContainerRequest::repaired(&bytes).expect("repaired");
+        let read = cri::CreateContainerRequest::decode(repaired.as_slice()).expect("readable");
+        let config = read.config.expect("config");
+        assert_eq!(config.envs[0].value, "ok");
+        assert_eq!(config.envs[1].value, "caf\u{fffd}");
+        assert_eq!(
+            (read.pod_sandbox_id.as_str(), config.working_dir.as_str()),
+            ("pod", "/w")
+        );
+        // Bytes that are no message are not made into one.
+        assert!(cri::CreateContainerRequest::repaired(&[0x12, 0x7f, 0x01]).is_none());
     }
 
     #[test]
