@@ -527,6 +527,32 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     // /vol is the image's /etc, not its root.
     let out = exec_ok(&c, &made.container_id, &["ls", "/vol"]).await;
     assert!(out.contains("passwd") && !out.contains("bin"), "{out}");
+    // The status names the volume's image by digest (v0.36 `ImageSpec.image_ref`), in the form
+    // of the container's own image_ref (the same image here); k8s-cri's reader still sees the
+    // one mount.
+    let status: StatusMounts = unary(
+        &c,
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        cri::ContainerStatusRequest {
+            container_id: made.container_id.clone(),
+            verbose: false,
+        },
+    )
+    .await
+    .expect("ContainerStatus");
+    let mounts = status.status.expect("status").mounts;
+    let plain = container_status(&c, &made.container_id)
+        .await
+        .expect("ContainerStatus");
+    assert_eq!(plain.mounts.len(), 1, "{:?}", plain.mounts);
+    assert_eq!(plain.mounts[0].container_path, "/vol");
+    assert_eq!(mounts.len(), 1);
+    let image_ref = mounts[0].image.as_ref().map(|i| i.image_ref.clone());
+    assert!(
+        image_ref.as_deref().is_some_and(|r| r.contains("@sha256:")),
+        "{image_ref:?}"
+    );
+    assert_eq!(image_ref.as_deref(), Some(plain.image_ref.as_str()));
 
     let before = list_containers(&c).await.len();
     let snapshots = d.snapshot_dirs();
@@ -550,6 +576,31 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
         "the refused volume's snapshot left behind"
     );
     remove_pod(&c, &pod).await;
+}
+
+/// The part of a v0.36 ContainerStatusResponse this test reads: `status.mounts[].image.image_ref`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusMounts {
+    #[prost(message, optional, tag = "1")]
+    status: Option<MountsOnly>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct MountsOnly {
+    #[prost(message, repeated, tag = "14")]
+    mounts: Vec<MountImageRef>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct MountImageRef {
+    #[prost(message, optional, tag = "9")]
+    image: Option<ImageRefOnly>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ImageRefOnly {
+    #[prost(string, tag = "20")]
+    image_ref: String,
 }
 
 /// The part of a v0.36 StatusResponse this test reads: `features.user_namespaces_host_network`.

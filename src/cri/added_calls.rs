@@ -25,8 +25,9 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 use super::api_v136::{
-    ContainerStatusExt, ContainerStatusResponseExt, CreateContainerRequestExt, RuntimeFeaturesExt,
-    StatusResponseExt, UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
+    ContainerStatusExt, ContainerStatusResponseExt, CreateContainerRequestExt, ImageSpecExt,
+    MountStatusExt, RuntimeFeaturesExt, StatusResponseExt, UpdatePodSandboxResourcesRequest,
+    UpdatePodSandboxResourcesResponse,
 };
 use super::encoded_lists::{self, EncodedItems};
 use super::stats_psi;
@@ -200,6 +201,21 @@ where
 }
 
 /// Answers one request for an added call.
+/// A ContainerStatus mount, encoded with the digest of the image an image volume mounts.
+fn mount_with_image_ref(runtime: &RuntimeApi, m: cri::Mount) -> Vec<u8> {
+    let image_ref = m
+        .image
+        .as_ref()
+        .filter(|i| !i.image.is_empty())
+        .and_then(|i| {
+            super::container_service::digest_reference(&runtime.images, &i.image, &i.image)
+        });
+    let ext = MountStatusExt {
+        image: image_ref.map(|image_ref| ImageSpecExt { image_ref }),
+    };
+    Appended(m, ext).encode_to_vec()
+}
+
 pub async fn serve(
     call: AddedCall,
     runtime: Arc<RuntimeApi>,
@@ -295,8 +311,21 @@ pub async fn serve(
                     let stop_signal = runtime.containers().find(&id).map_or(0, |rec| {
                         crate::runtime::stop_signal::to_cri(rec.stop_signal)
                     });
+                    let mut resp = resp;
+                    let mounts = resp
+                        .status
+                        .as_mut()
+                        .map(|s| std::mem::take(&mut s.mounts))
+                        .unwrap_or_default();
+                    let mounts = mounts
+                        .into_iter()
+                        .map(|m| mount_with_image_ref(&runtime, m))
+                        .collect();
                     let ext = ContainerStatusResponseExt {
-                        status: Some(ContainerStatusExt { stop_signal }),
+                        status: Some(ContainerStatusExt {
+                            stop_signal,
+                            mounts,
+                        }),
                     };
                     Ok::<_, Status>(Response::new(Appended(resp, ext)))
                 }

@@ -66,6 +66,28 @@ pub struct ContainerStatusExt {
     /// `Signal stop_signal = 19`: the signal StopContainer sends first.
     #[prost(int32, tag = "19")]
     pub stop_signal: i32,
+    /// `repeated Mount mounts = 14`, each already encoded: k8s-cri's Mount followed by its
+    /// [`MountStatusExt`] (a repeated field's items cannot be merged item by item, so the
+    /// mounts are written here and not in k8s-cri's message).
+    #[prost(bytes = "vec", repeated, tag = "14")]
+    pub mounts: Vec<Vec<u8>>,
+}
+
+/// The v0.36 fields of a Mount in a ContainerStatus.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MountStatusExt {
+    /// `ImageSpec image = 9` (an image volume's).
+    #[prost(message, optional, tag = "9")]
+    pub image: Option<ImageSpecExt>,
+}
+
+/// The v0.36 fields of an ImageSpec.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageSpecExt {
+    /// `string image_ref = 20`: the digest of the image an image volume mounts, in the form
+    /// of the ContainerStatus's own `image_ref`.
+    #[prost(string, tag = "20")]
+    pub image_ref: String,
 }
 
 /// The v0.36 fields of a StatusResponse, written after k8s-cri's message.

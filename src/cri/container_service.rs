@@ -62,12 +62,22 @@ pub fn to_list_item(rec: &ContainerRecord) -> cri::Container {
 /// (`name@sha256:…`) matching the repository the container asked for, else its first repo
 /// digest, else the image id (what ImageStatus reports as `repo_digests` / `id`).
 fn image_ref_of(rec: &ContainerRecord, images: &ImageManager) -> String {
-    let Ok(Some(view)) = images.status(&rec.image_id) else {
-        return rec.image_id.clone();
+    digest_reference(images, &rec.image_id, &rec.image_ref).unwrap_or_else(|| rec.image_id.clone())
+}
+
+/// The image `image` (an id or a reference) as its repo digest, the one of the repository
+/// `reference` names when it has several; its id when it has none; None when there is no such
+/// image.
+pub(super) fn digest_reference(
+    images: &ImageManager,
+    image: &str,
+    reference: &str,
+) -> Option<String> {
+    let Ok(Some(view)) = images.status(image) else {
+        return None;
     };
     let digests = &view.record.repo_digests;
-    let repo = rec
-        .image_ref
+    let repo = reference
         .split('@')
         .next()
         .map(|r| {
@@ -84,7 +94,7 @@ fn image_ref_of(rec: &ContainerRecord, images: &ImageManager) -> String {
         .find(|d| !repo.is_empty() && d.split('@').next().is_some_and(|n| n.ends_with(repo)))
         .or_else(|| digests.first())
         .cloned()
-        .unwrap_or_else(|| rec.image_id.clone())
+        .or(Some(view.record.id))
 }
 
 /// The verbose `info` map: key "info" holds JSON with the pid, sandbox id, runtime spec (the

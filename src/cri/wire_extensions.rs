@@ -179,7 +179,10 @@ mod tests {
             ..Default::default()
         };
         let ext = ContainerStatusResponseExt {
-            status: Some(ContainerStatusExt { stop_signal: 18 }),
+            status: Some(ContainerStatusExt {
+                stop_signal: 18,
+                mounts: Vec::new(),
+            }),
         };
         let bytes = Appended(base.clone(), ext.clone()).encode_to_vec();
         // A v0.32 reader sees the status it always did; a v0.36 reader sees the signal too.
