@@ -79,6 +79,16 @@ fn plugin_sockets() -> Vec<PathBuf> {
         .collect()
 }
 
+/// Waits until this agent serves the registration socket (another process serving it would
+/// get the plugin).
+fn wait_registration(a: &Agent) {
+    a.wait("the registration socket", Duration::from_secs(20), |a| {
+        a.daemon
+            .log()
+            .contains("serving device plugin registration")
+    });
+}
+
 fn manifest(name: &str, devices: u32) -> String {
     pod_manifest(name, devices, "")
 }
@@ -122,10 +132,7 @@ fn uid(pod: &serde_json::Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_device_plugin_serves_pods_through_the_agent() {
     let mut a = Agent::start_with_config(&[], &format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
-    let registration = Path::new(PLUGIN_DIR).join("kubelet.sock");
-    a.wait("the registration socket", Duration::from_secs(20), |_| {
-        registration.exists()
-    });
+    wait_registration(&a);
     let mut plugin = SamplePlugin::start(&a._conf.path().join("sample-device-plugin.log"));
     a.wait(
         "the plugin's devices in the node status",
@@ -222,6 +229,7 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_servers_node_carries_the_devices_and_its_pods_get_them() {
     let n = cluster_node::AgentNode::start(&format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
+    wait_registration(&n.agent);
     let mut plugin = SamplePlugin::start(&n.agent._conf.path().join("sample-device-plugin.log"));
     let resource = "{.status.%s.example\\.com/resource}";
     n.cp.wait(

@@ -75,10 +75,15 @@ fn check(r: &RegisterRequest) -> Result<(), String> {
 }
 
 /// Serves the Registration service on `kubelet.sock` in the manager's directory until berthd
-/// ends; a socket left by an earlier run is replaced.
+/// ends; a socket left by an earlier run is replaced, one something still serves (a kubelet,
+/// another berthd's agent) is left to it.
 pub async fn serve(manager: Arc<DeviceManager>) {
     let dir = manager.dir().to_path_buf();
     let socket = dir.join(SOCKET_NAME);
+    if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+        tracing::error!(socket = %socket.display(), "device plugin registration not served: another process serves this socket (a kubelet, or another berthd's agent); set agent.device_plugin_dir");
+        return;
+    }
     let listener = std::fs::create_dir_all(&dir)
         .and_then(|()| match std::fs::remove_file(&socket) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
