@@ -131,8 +131,13 @@ fn uid(pod: &serde_json::Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_device_plugin_serves_pods_through_the_agent() {
+    // As a kubelet that ran on the node leaves it: plugins that see this file do not call
+    // Register, so the agent removes it.
+    std::fs::create_dir_all(PLUGIN_DIR).expect("plugin dir");
+    std::fs::write(Path::new(PLUGIN_DIR).join("DEPRECATION"), b"").expect("DEPRECATION");
     let mut a = Agent::start_with_config(&[], &format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
     wait_registration(&a);
+    assert!(!Path::new(PLUGIN_DIR).join("DEPRECATION").exists());
     let mut plugin = SamplePlugin::start(&a._conf.path().join("sample-device-plugin.log"));
     a.wait(
         "the plugin's devices in the node status",

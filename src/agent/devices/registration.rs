@@ -19,6 +19,10 @@ use crate::cri::authority::AuthorityFilter;
 /// The registration socket's name in the device plugin directory.
 pub const SOCKET_NAME: &str = "kubelet.sock";
 
+/// The file a kubelet makes in the directory to say it discovers device plugins through its
+/// plugin registry instead of their Register calls.
+pub const WATCHER_MARK: &str = "DEPRECATION";
+
 /// The API versions the agent speaks.
 pub const VERSIONS: [&str; 1] = ["v1beta1"];
 
@@ -102,6 +106,17 @@ pub async fn serve(manager: Arc<DeviceManager>) {
             return;
         }
     };
+    // A kubelet leaves this file to tell plugins it finds them by watching its plugin
+    // registry; a plugin that sees it does not call Register, which is the agent's only way.
+    match std::fs::remove_file(dir.join(WATCHER_MARK)) {
+        Ok(()) => {
+            tracing::info!(dir = %dir.display(), "removed a kubelet's {WATCHER_MARK} file: plugins register on {SOCKET_NAME}")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "removing a kubelet's {WATCHER_MARK} file")
+        }
+    }
     tracing::info!(socket = %socket.display(), "serving device plugin registration");
     let service = RegistrationServer::new(Registrar { manager });
     let builder = auto::Builder::new(TokioExecutor::new()).http2_only();
