@@ -1,6 +1,7 @@
 //! The parts of the device plugin API the sample plugin leaves out, with a plugin written here
 //! against the published API: device nodes, env and annotations from Allocate, PreStartContainer
-//! before each start when the plugin asks for it, and health changes in its device list.
+//! before each start when the plugin asks for it, health changes in its device list, and a
+//! plugin that registers before it serves.
 
 mod agent_support;
 mod common;
@@ -132,17 +133,11 @@ fn device(id: &str, health: &str) -> Device {
     }
 }
 
-/// Serves the plugin on `dir/fake.sock` and registers it on `dir/kubelet.sock`.
+/// Registers the plugin on `dir/kubelet.sock`, then serves it on `dir/fake.sock` half a second
+/// later (the agent must wait for a plugin that registers before it serves).
 async fn start_plugin(dir: &Path, plugin: FakePlugin) -> tokio::task::JoinHandle<()> {
     let socket = dir.join("fake.sock");
     let _ = std::fs::remove_file(&socket);
-    let listener = tokio::net::UnixListener::bind(&socket).expect("plugin socket");
-    let server = tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(plugin))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
-            .await;
-    });
     let channel = berth::client::unix_channel(&dir.join("kubelet.sock"))
         .await
         .expect("connect to kubelet.sock");
@@ -155,7 +150,14 @@ async fn start_plugin(dir: &Path, plugin: FakePlugin) -> tokio::task::JoinHandle
         })
         .await
         .expect("Register");
-    server
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listener = tokio::net::UnixListener::bind(&socket).expect("plugin socket");
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(plugin))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await;
+    })
 }
 
 fn node_devices(a: &Agent) -> (String, String) {

@@ -13,8 +13,11 @@ use super::api::{
     Empty, ListAndWatchResponse, PreStartContainerRequest,
 };
 
-/// How long a plugin's socket may take to accept the connection.
+/// How long a plugin's socket may take to be there and accept the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time between two tries to connect.
+const CONNECT_RETRY: Duration = Duration::from_millis(100);
 
 /// How long Allocate and PreStartContainer may take (the kubelet's PreStartContainer bound).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,21 +34,28 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Connects to the plugin serving `resource` on `socket`.
+    /// Connects to the plugin serving `resource` on `socket`, trying again until
+    /// [`CONNECT_TIMEOUT`] while the socket is not there or not yet answering (a plugin may
+    /// register before it serves, as the kubelet allows).
     pub async fn connect(
         resource: &str,
         socket: &Path,
         options: DevicePluginOptions,
     ) -> Result<Self, DeviceError> {
-        let channel = tokio::time::timeout(CONNECT_TIMEOUT, crate::client::unix_channel(socket))
-            .await
-            .map_err(|_| "timed out".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .map_err(|error| DeviceError::Connect {
-                resource: resource.to_string(),
-                socket: socket.to_path_buf(),
-                error,
-            })?;
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let channel = loop {
+            match crate::client::unix_channel(socket).await {
+                Ok(channel) => break channel,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(DeviceError::Connect {
+                        resource: resource.to_string(),
+                        socket: socket.to_path_buf(),
+                        error: e.to_string(),
+                    });
+                }
+                Err(_) => tokio::time::sleep(CONNECT_RETRY).await,
+            }
+        };
         Ok(Self {
             resource: resource.to_string(),
             socket: socket.to_path_buf(),
