@@ -125,6 +125,8 @@ pub async fn serve(manager: Arc<DeviceManager>) {
             Ok((s, _)) => s,
             Err(e) => {
                 tracing::warn!(socket = %socket.display(), error = %e, "accepting a device plugin connection");
+                // An error that lasts (out of descriptors) must not spin a core.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
