@@ -7,8 +7,11 @@
 //! In a cluster, the Node the API server holds carries the devices, and pods bound to the node
 //! get them or are refused.
 //!
-//! The sample plugin registers on the kubelet's own socket path, so the agent serves the
-//! kubelet's directory here: these tests run in the stock kubelet's test group.
+//! The sample plugin puts its socket in the agent's plugin registry and is found there, as the
+//! kubelet finds it (upstream's own device plugin test runs it so). It looks for the kubelet's
+//! `DEPRECATION` file at the kubelet's own path, and calls Register on the kubelet's own socket
+//! when the file is not there, so the agent serves the kubelet's device plugin directory here:
+//! these tests run in the stock kubelet's test group.
 
 mod agent_support;
 #[path = "agent_support/cluster_node.rs"]
@@ -24,36 +27,34 @@ use std::time::Duration;
 use agent_support::*;
 use common::{exec_ok, image};
 
-/// The kubelet's device plugin directory, where the sample plugin registers.
+/// The kubelet's device plugin directory, where the sample plugin looks for `DEPRECATION`.
 const PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 
-/// The sample plugin, killed and its socket removed when dropped.
+/// The sample plugin serving in agent `a`'s plugin registry, killed and its socket removed
+/// when dropped.
 struct SamplePlugin {
     child: Child,
-    sockets_before: Vec<PathBuf>,
+    dir: PathBuf,
 }
 
 impl SamplePlugin {
-    fn start(log: &Path) -> Self {
+    fn start(a: &Agent) -> Self {
         let var = "BERTH_TEST_SAMPLE_DEVICE_PLUGIN";
         let bin = std::env::var(var).unwrap_or_else(|_| {
             panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
         });
-        let sockets_before = plugin_sockets();
-        let child = common::spawn_logged(Command::new(bin).env("PLUGIN_SOCK_DIR", PLUGIN_DIR), log);
-        Self {
-            child,
-            sockets_before,
-        }
+        let dir = a._conf.path().join("plugins_registry");
+        std::fs::create_dir_all(&dir).expect("plugin registry");
+        let log = a._conf.path().join("sample-device-plugin.log");
+        let child = common::spawn_logged(Command::new(bin).env("PLUGIN_SOCK_DIR", &dir), &log);
+        Self { child, dir }
     }
 
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for s in plugin_sockets() {
-            if !self.sockets_before.contains(&s) {
-                let _ = std::fs::remove_file(s);
-            }
+        for s in plugin_sockets(&self.dir) {
+            let _ = std::fs::remove_file(s);
         }
     }
 }
@@ -64,9 +65,9 @@ impl Drop for SamplePlugin {
     }
 }
 
-/// The sample plugin's sockets (`dp.<time>`) in the directory.
-fn plugin_sockets() -> Vec<PathBuf> {
-    std::fs::read_dir(PLUGIN_DIR)
+/// The sample plugin's sockets (`dp.<time>`) in `dir`.
+fn plugin_sockets(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
@@ -80,13 +81,15 @@ fn plugin_sockets() -> Vec<PathBuf> {
 }
 
 /// Waits until this agent serves the registration socket (another process serving it would
-/// get the plugin).
+/// get the plugin) and has left the kubelet's `DEPRECATION` file, which tells the sample
+/// plugin to wait to be found in the plugin registry.
 fn wait_registration(a: &Agent) {
     a.wait("the registration socket", Duration::from_secs(20), |a| {
-        a.daemon
-            .log()
-            .contains("serving device plugin registration")
+        let log = a.daemon.log();
+        log.contains("serving device plugin registration")
+            && log.contains("watching the plugin registry")
     });
+    assert!(Path::new(PLUGIN_DIR).join("DEPRECATION").exists());
 }
 
 fn manifest(name: &str, devices: u32) -> String {
@@ -131,14 +134,11 @@ fn uid(pod: &serde_json::Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_device_plugin_serves_pods_through_the_agent() {
-    // As a kubelet that ran on the node leaves it: plugins that see this file do not call
-    // Register, so the agent removes it.
-    std::fs::create_dir_all(PLUGIN_DIR).expect("plugin dir");
-    std::fs::write(Path::new(PLUGIN_DIR).join("DEPRECATION"), b"").expect("DEPRECATION");
+    // The agent makes the file, as a kubelet watching its plugin registry does.
+    let _ = std::fs::remove_file(Path::new(PLUGIN_DIR).join("DEPRECATION"));
     let mut a = Agent::start_with_config(&[], &format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
     wait_registration(&a);
-    assert!(!Path::new(PLUGIN_DIR).join("DEPRECATION").exists());
-    let mut plugin = SamplePlugin::start(&a._conf.path().join("sample-device-plugin.log"));
+    let mut plugin = SamplePlugin::start(&a);
     a.wait(
         "the plugin's devices in the node status",
         Duration::from_secs(30),
@@ -181,16 +181,8 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
         "pod one's device given again"
     );
 
-    // The plugin ends: its devices stay counted but none is allocatable; the pods run on.
-    plugin.stop();
-    a.wait(
-        "the plugin's devices unhealthy",
-        Duration::from_secs(30),
-        |a| node_devices(a) == ("2".into(), "0".into()),
-    );
-
-    // berthd restarted: the pods keep their devices, and a container started again after it
-    // (with no plugin to ask) gets the same device from what was kept.
+    // berthd restarted: the plugin, which registers only once, is found again in the registry;
+    // the pods keep their devices.
     let kept = a.daemon.root().join("agent/device-allocations.json");
     a.daemon.stop();
     a.respawn();
@@ -199,6 +191,25 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
     let held: Vec<&String> = ckpt["pods"].as_object().expect("pods").keys().collect();
     assert_eq!(held.len(), 2, "{ckpt}");
     assert!(held.contains(&&two) && held.contains(&&four), "{ckpt}");
+    a.wait(
+        "the plugin registered again after the restart",
+        Duration::from_secs(30),
+        |a| {
+            let found = "registered a plugin found in the registry";
+            a.daemon.log().matches(found).count() >= 2
+                && node_devices(a) == ("2".into(), "2".into())
+        },
+    );
+
+    // The plugin ends: its devices stay counted but none is allocatable; the pods run on, and
+    // a container started again (with no plugin to ask) gets the same device from what was
+    // kept.
+    plugin.stop();
+    a.wait(
+        "the plugin's devices unhealthy",
+        Duration::from_secs(30),
+        |a| node_devices(a) == ("2".into(), "0".into()),
+    );
     let c = a.daemon.client().await;
     let before = running_container(&c, &two, "main").await;
     c.runtime()
@@ -235,7 +246,7 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
 async fn the_api_servers_node_carries_the_devices_and_its_pods_get_them() {
     let n = cluster_node::AgentNode::start(&format!("device_plugin_dir = {PLUGIN_DIR:?}\n"));
     wait_registration(&n.agent);
-    let mut plugin = SamplePlugin::start(&n.agent._conf.path().join("sample-device-plugin.log"));
+    let mut plugin = SamplePlugin::start(&n.agent);
     let resource = "{.status.%s.example\\.com/resource}";
     n.cp.wait(
         "the devices in the API server's Node",

@@ -153,6 +153,9 @@ pub struct AgentConfig {
     /// sockets: the kubelet's directory, so the device plugins a node runs find the agent as
     /// they find the kubelet. Empty: no device plugins.
     pub device_plugin_dir: PathBuf,
+    /// The plugin registry the agent watches, as the kubelet does: a plugin (a device plugin
+    /// here) that puts its socket in it is asked what it is and registered. Empty: not watched.
+    pub plugin_registry_dir: PathBuf,
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
@@ -295,6 +298,7 @@ impl Default for AgentConfig {
             container_log_monitor_interval_secs: 10.0,
             allowed_unsafe_sysctls: Vec::new(),
             device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            plugin_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
         }
     }
 }

@@ -6,12 +6,14 @@
 pub mod cluster;
 pub mod config;
 pub mod devices;
+pub mod dir_watch;
 pub mod eviction;
 pub mod gc;
 pub mod log_rotation;
 pub mod metrics;
 pub mod node;
 pub mod node_server;
+pub mod plugin_registry;
 pub mod pods;
 pub mod probes;
 pub mod runtime;
@@ -168,8 +170,18 @@ pub async fn start(
             &root.join("agent/device-allocations.json"),
         )),
     });
+    let registry_watched = !cfg.plugin_registry_dir.as_os_str().is_empty();
     if !cfg.device_plugin_dir.as_os_str().is_empty() {
-        tokio::spawn(devices::registration::serve(ctx.devices.clone()));
+        tokio::spawn(devices::registration::serve(
+            ctx.devices.clone(),
+            registry_watched,
+        ));
+    }
+    if registry_watched {
+        tokio::spawn(plugin_registry::run(
+            cfg.plugin_registry_dir.clone(),
+            ctx.devices.clone(),
+        ));
     }
     tokio::spawn(ctx.relist.clone().run(
         ctx.client.clone(),

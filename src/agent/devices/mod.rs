@@ -19,7 +19,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
-use api::{ContainerAllocateResponse, RegisterRequest};
+use api::ContainerAllocateResponse;
 use checkpoint::{Allocations, ContainerDevices, Granted, GrantedDevice, GrantedMount};
 use plugin::Plugin;
 
@@ -122,31 +122,34 @@ impl DeviceManager {
             .collect()
     }
 
-    /// Connects to a plugin that registered and follows its device list until its stream
-    /// ends; its devices are then unhealthy until it registers again.
-    pub async fn attach(self: Arc<Self>, request: RegisterRequest) {
-        let socket = self.dir.join(&request.endpoint);
-        let options = request.options.unwrap_or_default();
-        let plugin = match Plugin::connect(&request.resource_name, &socket, options).await {
-            Ok(p) => Arc::new(p),
-            Err(e) => {
-                tracing::warn!(error = %e, "device plugin not attached");
-                return;
-            }
-        };
-        let mut stream = match plugin.list_and_watch().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "device plugin not attached");
-                return;
-            }
-        };
+    /// Connects to the plugin serving `resource` on `socket` (with the `options` it gave, or
+    /// those it answers when asked) and opens its device list; the list is then followed in a
+    /// task of its own until its stream ends, when the devices turn unhealthy until the
+    /// resource registers again. A newer registration of a resource replaces an older one.
+    pub async fn attach(
+        self: Arc<Self>,
+        resource: &str,
+        socket: &Path,
+        options: Option<api::DevicePluginOptions>,
+    ) -> Result<(), DeviceError> {
+        let plugin = Arc::new(Plugin::connect(resource, socket, options).await?);
+        let stream = plugin.list_and_watch().await?;
         if let Ok(mut st) = self.state.lock() {
             st.resources
                 .entry(plugin.resource.clone())
                 .or_default()
                 .plugin = Some(plugin.clone());
         }
+        tokio::spawn(self.follow(plugin, stream));
+        Ok(())
+    }
+
+    /// Takes a registered plugin's device lists until its stream ends.
+    async fn follow(
+        self: Arc<Self>,
+        plugin: Arc<Plugin>,
+        mut stream: tonic::Streaming<api::ListAndWatchResponse>,
+    ) {
         loop {
             let listed = match stream.message().await {
                 Ok(Some(listed)) => listed,
@@ -177,9 +180,15 @@ impl DeviceManager {
             drop(st);
             self.changed();
         }
+        self.detach(&plugin.resource, &plugin.socket);
+    }
+
+    /// Forgets the plugin serving `resource` on `socket`, if it is the one registered: its
+    /// devices stay counted but none is allocatable until the resource registers again.
+    pub fn detach(&self, resource: &str, socket: &Path) {
         if let Ok(mut st) = self.state.lock()
-            && let Some(r) = st.resources.get_mut(&plugin.resource)
-            && r.plugin.as_ref().is_some_and(|p| Arc::ptr_eq(p, &plugin))
+            && let Some(r) = st.resources.get_mut(resource)
+            && r.plugin.as_ref().is_some_and(|p| p.socket == socket)
         {
             r.plugin = None;
             r.devices.values_mut().for_each(|h| *h = false);

@@ -36,11 +36,12 @@ pub struct Plugin {
 impl Plugin {
     /// Connects to the plugin serving `resource` on `socket`, trying again until
     /// [`CONNECT_TIMEOUT`] while the socket is not there or not yet answering (a plugin may
-    /// register before it serves, as the kubelet allows).
+    /// register before it serves, as the kubelet allows). Without `options` (a plugin found in
+    /// the plugin registry), the plugin is asked for them.
     pub async fn connect(
         resource: &str,
         socket: &Path,
-        options: DevicePluginOptions,
+        options: Option<DevicePluginOptions>,
     ) -> Result<Self, DeviceError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let channel = loop {
@@ -56,12 +57,27 @@ impl Plugin {
                 Err(_) => tokio::time::sleep(CONNECT_RETRY).await,
             }
         };
-        Ok(Self {
+        let mut plugin = Self {
             resource: resource.to_string(),
             socket: socket.to_path_buf(),
-            options,
+            options: options.clone().unwrap_or_default(),
             client: DevicePluginClient::new(channel),
-        })
+        };
+        if options.is_none() {
+            let mut client = plugin.client.clone();
+            plugin.options =
+                tokio::time::timeout(CALL_TIMEOUT, client.get_device_plugin_options(Empty {}))
+                    .await
+                    .map_err(|_| {
+                        plugin.rpc(
+                            "GetDevicePluginOptions",
+                            tonic::Status::deadline_exceeded("timed out"),
+                        )
+                    })?
+                    .map_err(|status| plugin.rpc("GetDevicePluginOptions", status))?
+                    .into_inner();
+        }
+        Ok(plugin)
     }
 
     /// Opens the plugin's stream of device lists.

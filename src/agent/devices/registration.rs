@@ -40,30 +40,27 @@ impl Registration for Registrar {
         })?;
         tracing::info!(resource = %request.resource_name, endpoint = %request.endpoint, "device plugin registered");
         // The plugin waits for this answer before it serves: connect after it.
-        tokio::spawn(self.manager.clone().attach(request));
+        let manager = self.manager.clone();
+        tokio::spawn(async move {
+            let socket = manager.dir().join(&request.endpoint);
+            if let Err(e) = manager
+                .attach(
+                    &request.resource_name,
+                    &socket,
+                    Some(request.options.unwrap_or_default()),
+                )
+                .await
+            {
+                tracing::warn!(error = %e, "device plugin not attached");
+            }
+        });
         Ok(Response::new(Empty {}))
     }
 }
 
 /// Why a registration is refused, if it is.
 fn check(r: &RegisterRequest) -> Result<(), String> {
-    if !VERSIONS.contains(&r.version.as_str()) {
-        return Err(format!(
-            "device plugin {:?}: API version {:?} is not supported (supported: {})",
-            r.resource_name,
-            r.version,
-            VERSIONS.join(", ")
-        ));
-    }
-    if !is_extended_resource(&r.resource_name)
-        || r.resource_name.split('/').count() != 2
-        || r.resource_name.split('/').any(str::is_empty)
-    {
-        return Err(format!(
-            "device plugin resource {:?} is not an extended resource name (domain/name outside kubernetes.io)",
-            r.resource_name
-        ));
-    }
+    check_plugin(&r.resource_name, std::slice::from_ref(&r.version))?;
     let plain = !r.endpoint.is_empty()
         && !r.endpoint.contains('/')
         && r.endpoint != "."
@@ -78,10 +75,32 @@ fn check(r: &RegisterRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a device plugin for `resource` speaking `versions` is refused, if it is (whichever way
+/// it registers).
+pub fn check_plugin(resource: &str, versions: &[String]) -> Result<(), String> {
+    if !versions.iter().any(|v| VERSIONS.contains(&v.as_str())) {
+        return Err(format!(
+            "device plugin {resource:?}: API versions {versions:?} are not supported (supported: {})",
+            VERSIONS.join(", ")
+        ));
+    }
+    if !is_extended_resource(resource)
+        || resource.split('/').count() != 2
+        || resource.split('/').any(str::is_empty)
+    {
+        return Err(format!(
+            "device plugin resource {resource:?} is not an extended resource name (domain/name outside kubernetes.io)"
+        ));
+    }
+    Ok(())
+}
+
 /// Serves the Registration service on `kubelet.sock` in the manager's directory until berthd
 /// ends; a socket left by an earlier run is replaced, one something still serves (a kubelet,
-/// another berthd's agent) is left to it.
-pub async fn serve(manager: Arc<DeviceManager>) {
+/// another berthd's agent) is left to it. With `registry_watched`, the directory gets the
+/// kubelet's `DEPRECATION` file, as a kubelet that watches its plugin registry leaves it;
+/// without, a file left by a kubelet is removed, since plugins that see it do not register.
+pub async fn serve(manager: Arc<DeviceManager>, registry_watched: bool) {
     let dir = manager.dir().to_path_buf();
     let socket = dir.join(SOCKET_NAME);
     if tokio::net::UnixStream::connect(&socket).await.is_ok() {
@@ -106,17 +125,7 @@ pub async fn serve(manager: Arc<DeviceManager>) {
             return;
         }
     };
-    // A kubelet leaves this file to tell plugins it finds them by watching its plugin
-    // registry; a plugin that sees it does not call Register, which is the agent's only way.
-    match std::fs::remove_file(dir.join(WATCHER_MARK)) {
-        Ok(()) => {
-            tracing::info!(dir = %dir.display(), "removed a kubelet's {WATCHER_MARK} file: plugins register on {SOCKET_NAME}")
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "removing a kubelet's {WATCHER_MARK} file")
-        }
-    }
+    mark_registry(&dir, registry_watched);
     tracing::info!(socket = %socket.display(), "serving device plugin registration");
     let service = RegistrationServer::new(Registrar { manager });
     let builder = auto::Builder::new(TokioExecutor::new()).http2_only();
@@ -142,6 +151,27 @@ pub async fn serve(manager: Arc<DeviceManager>) {
                 tracing::debug!(error = %e, "device plugin registration connection ended");
             }
         });
+    }
+}
+
+/// Makes or removes the `DEPRECATION` file that tells plugins to wait to be found in the
+/// plugin registry instead of calling Register.
+fn mark_registry(dir: &std::path::Path, registry_watched: bool) {
+    let mark = dir.join(WATCHER_MARK);
+    let done = if registry_watched {
+        std::fs::write(&mark, b"")
+    } else {
+        match std::fs::remove_file(&mark) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), "removed a kubelet's {WATCHER_MARK} file: plugins register on {SOCKET_NAME}");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    };
+    if let Err(e) = done {
+        tracing::warn!(file = %mark.display(), error = %e, "device plugin {WATCHER_MARK} file");
     }
 }
 

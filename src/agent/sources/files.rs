@@ -16,7 +16,7 @@ pub async fn run(ctx: Arc<AgentContext>, pods: Arc<PodManager>, dir: PathBuf, pe
     let mut last_errors = BTreeMap::new();
     let mut cache = manifest::ParseCache::default();
     let wake = Arc::new(tokio::sync::Notify::new());
-    super::watch::spawn(dir.clone(), wake.clone());
+    crate::agent::dir_watch::spawn(dir.clone(), wake.clone(), "manifest");
     loop {
         let d = dir.clone();
         let owners: BTreeMap<PodKey, PathBuf> = desired

@@ -4,4 +4,3 @@
 pub mod api;
 pub mod files;
 pub mod manifest;
-pub mod watch;

@@ -1,5 +1,6 @@
-//! inotify on the manifest directory: wakes the manifest source as soon as a file changes (the
-//! periodic rescan stays as the safety net for what inotify misses).
+//! inotify on a directory the agent rescans (static pod manifests, the plugin registry): wakes
+//! the rescan as soon as a file changes (the periodic rescan stays as the safety net for what
+//! inotify misses).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,21 +9,22 @@ use std::time::Duration;
 use rustix::fs::inotify;
 use tokio::sync::Notify;
 
-/// Watches `dir` from a thread of its own, calling `notify` on every change in it. A missing
-/// directory is watched for again every few seconds.
-pub fn spawn(dir: PathBuf, notify: Arc<Notify>) {
+/// Watches `dir` (the `what` directory, for logs and the thread's name) from a thread of its
+/// own, calling `notify` on every change in it. A missing directory is watched for again every
+/// few seconds.
+pub fn spawn(dir: PathBuf, notify: Arc<Notify>, what: &'static str) {
     let spawned = std::thread::Builder::new()
-        .name("berth-manifest-watch".into())
+        .name(format!("berth-{what}-watch"))
         .spawn(move || {
             loop {
                 if let Err(e) = watch(&dir, &notify) {
-                    tracing::debug!(dir = %dir.display(), error = %e, "manifest dir not watched (rescans continue)");
+                    tracing::debug!(dir = %dir.display(), error = %e, "{what} dir not watched (rescans continue)");
                 }
                 std::thread::sleep(Duration::from_secs(2));
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the manifest watcher; rescans continue");
+        tracing::warn!(error = %e, "cannot start the {what} watcher; rescans continue");
     }
 }
 
