@@ -1,7 +1,8 @@
 //! The parts of the device plugin API the sample plugin leaves out, with a plugin written here
 //! against the published API: device nodes, env and annotations from Allocate, PreStartContainer
-//! before each start when the plugin asks for it, health changes in its device list, and a
-//! plugin that registers before it serves.
+//! before each start when the plugin asks for it, health changes in its device list, a plugin
+//! that registers before it serves, and the plugin registry's answers to a plugin of a type
+//! the agent does not serve and to a plugin whose socket goes away.
 
 mod agent_support;
 mod common;
@@ -19,6 +20,12 @@ use berth::agent::devices::api::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
     DeviceSpec, Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
+};
+use berth::agent::plugin_registry::api::registration_server::{
+    Registration as PluginRegistration, RegistrationServer as PluginRegistrationServer,
+};
+use berth::agent::plugin_registry::api::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use common::{exec_ok, image};
 use tokio::sync::watch;
@@ -253,4 +260,120 @@ async fn allocate_answers_reach_the_container_and_health_changes_reach_the_node(
     });
     a.finish().await;
     server.abort();
+}
+
+/// A plugin's side of the plugin registry: what it says it is, and what it was told.
+struct RegistryEntry {
+    info: PluginInfo,
+    told: Arc<Mutex<Vec<RegistrationStatus>>>,
+}
+
+#[tonic::async_trait]
+impl PluginRegistration for RegistryEntry {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        if let Ok(mut t) = self.told.lock() {
+            t.push(request.into_inner());
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// Serves `entry` (and `plugin`, on the same socket, if given) on `socket`.
+fn serve_in_registry(
+    socket: &Path,
+    entry: RegistryEntry,
+    plugin: Option<FakePlugin>,
+) -> tokio::task::JoinHandle<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).expect("registry socket");
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(PluginRegistrationServer::new(entry))
+            .add_optional_service(plugin.map(DevicePluginServer::new))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_registry_takes_device_plugins_refuses_other_types_and_drops_plugins_whose_socket_goes()
+ {
+    let a = Agent::start();
+    let registry = a._conf.path().join("plugins_registry");
+    a.wait(
+        "the plugin registry watched",
+        Duration::from_secs(20),
+        |a| a.daemon.log().contains("watching the plugin registry"),
+    );
+    // As a kubelet watching its registry leaves it.
+    assert!(a._conf.path().join("device-plugins/DEPRECATION").exists());
+
+    // A plugin of a type the agent does not serve is told so, naming its type.
+    let csi_told = Arc::new(Mutex::new(Vec::new()));
+    let csi = serve_in_registry(
+        &registry.join("csi.example.com-reg.sock"),
+        RegistryEntry {
+            info: PluginInfo {
+                r#type: "CSIPlugin".into(),
+                name: "csi.example.com".into(),
+                endpoint: "/run/csi.example.com/csi.sock".into(),
+                supported_versions: vec!["1.0.0".into()],
+            },
+            told: csi_told.clone(),
+        },
+        None,
+    );
+
+    // A device plugin serving its API on its registration socket (an empty endpoint); the
+    // agent asks it for its options, since it gave none.
+    let (_list, devices) =
+        watch::channel(vec![device("fake0", "Healthy"), device("fake1", "Healthy")]);
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let socket = registry.join("fake-reg.sock");
+    let plugin = serve_in_registry(
+        &socket,
+        RegistryEntry {
+            info: PluginInfo {
+                r#type: "DevicePlugin".into(),
+                name: RESOURCE.into(),
+                endpoint: String::new(),
+                supported_versions: vec!["v1beta1".into()],
+            },
+            told: told.clone(),
+        },
+        Some(FakePlugin {
+            devices,
+            pre_started: Arc::new(Mutex::new(Vec::new())),
+        }),
+    );
+    a.wait(
+        "the registry's device plugin in the node status",
+        Duration::from_secs(20),
+        |a| node_devices(a) == ("2".into(), "2".into()),
+    );
+    a.wait("both plugins told", Duration::from_secs(20), |_| {
+        !told.lock().expect("lock").is_empty() && !csi_told.lock().expect("lock").is_empty()
+    });
+    let status = told.lock().expect("lock")[0].clone();
+    assert!(status.plugin_registered, "{status:?}");
+    let status = csi_told.lock().expect("lock")[0].clone();
+    assert!(!status.plugin_registered, "{status:?}");
+    assert!(status.error.contains("\"CSIPlugin\""), "{status:?}");
+
+    // Its socket removed (the plugin itself still serving its stream), the device plugin is
+    // deregistered: its devices are counted, none allocatable.
+    std::fs::remove_file(&socket).expect("remove the plugin's socket");
+    a.wait("the plugin deregistered", Duration::from_secs(20), |a| {
+        node_devices(a) == ("2".into(), "0".into())
+    });
+    a.finish().await;
+    plugin.abort();
+    csi.abort();
 }

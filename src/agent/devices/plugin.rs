@@ -60,7 +60,7 @@ impl Plugin {
         let mut plugin = Self {
             resource: resource.to_string(),
             socket: socket.to_path_buf(),
-            options: options.clone().unwrap_or_default(),
+            options: options.unwrap_or_default(),
             client: DevicePluginClient::new(channel),
         };
         if options.is_none() {

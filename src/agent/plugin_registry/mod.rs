@@ -29,6 +29,9 @@ const RESCAN: Duration = Duration::from_secs(5);
 /// How long connecting and each call to a plugin's registration socket may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a device plugin may take to be connected and to open its device list.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The first and the longest pause before a failed registration is tried again.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
@@ -166,11 +169,13 @@ async fn take(
     }
     check_plugin(&info.name, &info.supported_versions)?;
     let endpoint = service_socket(socket, dir, &info.endpoint);
-    devices
-        .clone()
-        .attach(&info.name, &endpoint, None)
-        .await
-        .map_err(|e| e.to_string())?;
+    tokio::time::timeout(
+        ATTACH_TIMEOUT,
+        devices.clone().attach(&info.name, &endpoint, None),
+    )
+    .await
+    .map_err(|_| format!("device plugin {:?}: attaching timed out", info.name))?
+    .map_err(|e| e.to_string())?;
     Ok(Some((info.name.clone(), endpoint)))
 }
 
