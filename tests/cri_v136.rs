@@ -490,7 +490,7 @@ fn config_with_image_sub_paths(
 
 #[tokio::test]
 async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
-    let d = Daemon::start();
+    let mut d = Daemon::start();
     let c = d.client().await;
     let img = image("busybox");
     pull(&c, &img).await.expect("pull");
@@ -553,6 +553,26 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
         "{image_ref:?}"
     );
     assert_eq!(image_ref.as_deref(), Some(plain.image_ref.as_str()));
+    // And the directory of it mounted (v0.36 `Mount.image_sub_path`), after a restart of
+    // berthd too.
+    assert_eq!(mounts[0].image_sub_path, "etc");
+    drop(c);
+    d.stop();
+    d.spawn();
+    let c = d.client().await;
+    let status: StatusMounts = unary(
+        &c,
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        cri::ContainerStatusRequest {
+            container_id: made.container_id.clone(),
+            verbose: false,
+        },
+    )
+    .await
+    .expect("ContainerStatus after a restart");
+    let mounts = status.status.expect("status").mounts;
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].image_sub_path, "etc");
 
     let before = list_containers(&c).await.len();
     let snapshots = d.snapshot_dirs();
@@ -578,7 +598,8 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     remove_pod(&c, &pod).await;
 }
 
-/// The part of a v0.36 ContainerStatusResponse this test reads: `status.mounts[].image.image_ref`.
+/// The part of a v0.36 ContainerStatusResponse this test reads: `status.mounts[].image.image_ref`
+/// and `status.mounts[].image_sub_path`.
 #[derive(Clone, PartialEq, prost::Message)]
 struct StatusMounts {
     #[prost(message, optional, tag = "1")]
@@ -595,6 +616,8 @@ struct MountsOnly {
 struct MountImageRef {
     #[prost(message, optional, tag = "9")]
     image: Option<ImageRefOnly>,
+    #[prost(string, tag = "10")]
+    image_sub_path: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

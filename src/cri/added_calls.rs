@@ -200,9 +200,9 @@ where
         .await
 }
 
-/// Answers one request for an added call.
-/// A ContainerStatus mount, encoded with the digest of the image an image volume mounts.
-fn mount_with_image_ref(runtime: &RuntimeApi, m: cri::Mount) -> Vec<u8> {
+/// A ContainerStatus mount, encoded with the digest of the image an image volume mounts and
+/// the directory of it mounted.
+fn mount_status(runtime: &RuntimeApi, m: cri::Mount, image_sub_path: String) -> Vec<u8> {
     let image_ref = m
         .image
         .as_ref()
@@ -212,10 +212,12 @@ fn mount_with_image_ref(runtime: &RuntimeApi, m: cri::Mount) -> Vec<u8> {
         });
     let ext = MountStatusExt {
         image: image_ref.map(|image_ref| ImageSpecExt { image_ref }),
+        image_sub_path,
     };
     Appended(m, ext).encode_to_vec()
 }
 
+/// Answers one request for an added call.
 pub async fn serve(
     call: AddedCall,
     runtime: Arc<RuntimeApi>,
@@ -308,9 +310,14 @@ pub async fn serve(
                         .as_ref()
                         .map(|s| s.id.clone())
                         .unwrap_or_default();
-                    let stop_signal = runtime.containers().find(&id).map_or(0, |rec| {
+                    let rec = runtime.containers().find(&id);
+                    let stop_signal = rec.as_ref().map_or(0, |rec| {
                         crate::runtime::stop_signal::to_cri(rec.stop_signal)
                     });
+                    let mut sub_paths = rec
+                        .map(|rec| rec.image_sub_paths.clone())
+                        .unwrap_or_default()
+                        .into_iter();
                     let mut resp = resp;
                     let mounts = resp
                         .status
@@ -319,7 +326,7 @@ pub async fn serve(
                         .unwrap_or_default();
                     let mounts = mounts
                         .into_iter()
-                        .map(|m| mount_with_image_ref(&runtime, m))
+                        .map(|m| mount_status(&runtime, m, sub_paths.next().unwrap_or_default()))
                         .collect();
                     let ext = ContainerStatusResponseExt {
                         status: Some(ContainerStatusExt {

@@ -79,6 +79,9 @@ pub struct MountStatusExt {
     /// `ImageSpec image = 9` (an image volume's).
     #[prost(message, optional, tag = "9")]
     pub image: Option<ImageSpecExt>,
+    /// `string image_sub_path = 10`: the directory of the image volume mounted.
+    #[prost(string, tag = "10")]
+    pub image_sub_path: String,
 }
 
 /// The v0.36 fields of an ImageSpec.

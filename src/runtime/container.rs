@@ -95,6 +95,10 @@ pub struct ContainerRecord {
     /// The signal StopContainer sends first (see [`super::stop_signal`]).
     #[serde(default = "default_stop_signal")]
     pub stop_signal: i32,
+    /// Each mount's `image_sub_path`, by mount index (a field the stored config's type lacks);
+    /// empty when no mount has one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_sub_paths: Vec<String>,
     /// `config_hex` decoded, once.
     #[serde(skip)]
     pub decoded: Decoded<cri::ContainerConfig>,
@@ -362,6 +366,11 @@ impl ContainerManager {
             meta.name, sandbox_name, req.pod_sandbox_id, meta.attempt
         );
         let fingerprint = names::fingerprint(&*req);
+        let image_sub_paths = if extras.image_sub_paths.iter().all(String::is_empty) {
+            Vec::new()
+        } else {
+            extras.image_sub_paths.clone()
+        };
         // The name first: a retry while the first call still prepares waits for its result
         // instead of preparing a second bundle.
         let new_id = crate::util::random_hex(32);
@@ -429,6 +438,7 @@ impl ContainerManager {
                 &prepared.id[..24.min(prepared.id.len())]
             )),
             exit_file: bundle.join("exit.json"),
+            image_sub_paths,
             stop_signal: super::stop_signal::resolve(
                 requested_stop_signal,
                 &prepared.image_stop_signal,
