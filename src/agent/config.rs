@@ -156,6 +156,9 @@ pub struct AgentConfig {
     /// The plugin registry the agent watches, as the kubelet does: a plugin (a device plugin
     /// here) that puts its socket in it is asked what it is and registered. Empty: not watched.
     pub plugin_registry_dir: PathBuf,
+    /// Where the pod resources API is served (`kubelet.sock`), as the kubelet serves it for
+    /// node-local monitoring agents. Empty: not served.
+    pub pod_resources_dir: PathBuf,
 }
 
 /// A shutdown grace period for pods of a priority and above (up to the next entry).
@@ -299,6 +302,7 @@ impl Default for AgentConfig {
             allowed_unsafe_sysctls: Vec::new(),
             device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             plugin_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            pod_resources_dir: PathBuf::from("/var/lib/kubelet/pod-resources"),
         }
     }
 }

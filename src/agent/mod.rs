@@ -9,11 +9,13 @@ pub mod devices;
 pub mod dir_watch;
 pub mod eviction;
 pub mod gc;
+pub mod grpc_socket;
 pub mod log_rotation;
 pub mod metrics;
 pub mod node;
 pub mod node_server;
 pub mod plugin_registry;
+pub mod pod_resources;
 pub mod pods;
 pub mod probes;
 pub mod runtime;
@@ -175,6 +177,12 @@ pub async fn start(
         tokio::spawn(devices::registration::serve(
             ctx.devices.clone(),
             registry_watched,
+        ));
+    }
+    if !cfg.pod_resources_dir.as_os_str().is_empty() {
+        tokio::spawn(pod_resources::serve(
+            cfg.pod_resources_dir.clone(),
+            ctx.clone(),
         ));
     }
     if registry_watched {

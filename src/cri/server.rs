@@ -224,6 +224,8 @@ pub async fn serve(
                     Ok((s, _)) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "accepting a CRI connection");
+                        // An error that lasts (out of descriptors) must not spin a core.
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         continue;
                     }
                 };

@@ -66,11 +66,12 @@ impl Agent {
         let base = format!(
             "[agent]\npod_log_dir = {:?}\nbackoff_base_secs = 1.0\nbackoff_max_secs = 4.0\n\
              node_status_update_secs = 0.5\nnode_status_report_secs = 3.0\nmanifest_rescan_ms = 300\n\
-             sync_period_ms = 300\nnode_lease_duration_secs = 2.0\nserver_address = \"127.0.0.1:0\"\nhealthz_address = \"\"\ncgroup_root = \"/{cgroup_root}/kubepods\"\ndevice_plugin_dir = {:?}\nplugin_registry_dir = {:?}\n{thresholds}",
+             sync_period_ms = 300\nnode_lease_duration_secs = 2.0\nserver_address = \"127.0.0.1:0\"\nhealthz_address = \"\"\ncgroup_root = \"/{cgroup_root}/kubepods\"\ndevice_plugin_dir = {:?}\nplugin_registry_dir = {:?}\npod_resources_dir = {:?}\n{thresholds}",
             logs.path(),
             // Each agent its own: the kubelet's directories are the stock kubelet's in its tests.
             conf.path().join("device-plugins"),
             conf.path().join("plugins_registry"),
+            conf.path().join("pod-resources"),
         );
         // The test's lines override the harness's (a TOML file may not name a key twice).
         let mut table: toml::Table = base.parse().expect("harness config");

@@ -70,6 +70,24 @@ struct State {
     pods: Allocations,
 }
 
+/// Each resource's healthy devices.
+fn healthy_of(resources: &BTreeMap<String, Resource>) -> assign::DeviceIds {
+    resources
+        .iter()
+        .map(|(name, r)| {
+            let healthy = r.devices.iter().filter(|(_, h)| **h);
+            (name.clone(), healthy.map(|(id, _)| id.clone()).collect())
+        })
+        .collect()
+}
+
+/// The devices each container of pod `uid` holds, by container name.
+fn held_by(pods: &Allocations, uid: &str) -> BTreeMap<String, assign::DeviceIds> {
+    pods.get(uid)
+        .map(|cs| cs.iter().map(|(c, d)| (c.clone(), d.ids.clone())).collect())
+        .unwrap_or_default()
+}
+
 /// The node's device plugins and the devices its pods hold.
 pub struct DeviceManager {
     dir: PathBuf,
@@ -120,6 +138,22 @@ impl DeviceManager {
                 (name.clone(), (r.devices.len() as u64, healthy))
             })
             .collect()
+    }
+
+    /// Each resource's healthy devices.
+    pub fn healthy_devices(&self) -> assign::DeviceIds {
+        self.state
+            .lock()
+            .map(|st| healthy_of(&st.resources))
+            .unwrap_or_default()
+    }
+
+    /// The devices each container of pod `uid` holds, by container name.
+    pub fn pod_devices(&self, uid: &str) -> BTreeMap<String, assign::DeviceIds> {
+        self.state
+            .lock()
+            .map(|st| held_by(&st.pods, uid))
+            .unwrap_or_default()
     }
 
     /// Connects to the plugin serving `resource` on `socket` (with the `options` it gave, or
@@ -215,13 +249,9 @@ impl DeviceManager {
         if demands.is_empty() {
             return Ok(());
         }
-        let mut free: BTreeMap<String, BTreeSet<String>> = st
-            .resources
-            .iter()
-            .map(|(name, r)| {
-                let healthy = r.devices.iter().filter(|(_, h)| **h);
-                (name.clone(), healthy.map(|(id, _)| id.clone()).collect())
-            })
+        let mut free: BTreeMap<String, BTreeSet<String>> = healthy_of(&st.resources)
+            .into_iter()
+            .map(|(name, ids)| (name, ids.into_iter().collect()))
             .collect();
         for (other, containers) in &st.pods {
             if other == uid {
@@ -235,11 +265,7 @@ impl DeviceManager {
                 }
             }
         }
-        let held: BTreeMap<String, assign::DeviceIds> = st
-            .pods
-            .get(uid)
-            .map(|cs| cs.iter().map(|(c, d)| (c.clone(), d.ids.clone())).collect())
-            .unwrap_or_default();
+        let held = held_by(&st.pods, uid);
         let chosen = assign::assign(&demands, &held, &free).map_err(|s| Unavailable {
             message: format!(
                 "Allocate failed due to requested number of devices unavailable for {}. Requested: {}, Available: {}, which is unexpected",

@@ -2,19 +2,14 @@
 //! directory: each names its API version, its socket (a file in that directory) and its
 //! resource, and the agent then connects to it.
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tonic::{Request, Response, Status};
 
 use super::DeviceManager;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{Empty, RegisterRequest};
 use crate::agent::runtime::resources::is_extended_resource;
-use crate::cri::authority::AuthorityFilter;
 
 /// The registration socket's name in the device plugin directory.
 pub const SOCKET_NAME: &str = "kubelet.sock";
@@ -107,18 +102,7 @@ pub async fn serve(manager: Arc<DeviceManager>, registry_watched: bool) {
         tracing::error!(socket = %socket.display(), "device plugin registration not served: another process serves this socket (a kubelet, or another berthd's agent); set agent.device_plugin_dir");
         return;
     }
-    let listener = std::fs::create_dir_all(&dir)
-        .and_then(|()| match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        })
-        .and_then(|()| tokio::net::UnixListener::bind(&socket))
-        .and_then(|l| {
-            // Only root registers device plugins.
-            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-            Ok(l)
-        });
-    let listener = match listener {
+    let listener = match crate::agent::grpc_socket::bind(&socket) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(socket = %socket.display(), error = %e, "device plugin registration not served");
@@ -127,31 +111,8 @@ pub async fn serve(manager: Arc<DeviceManager>, registry_watched: bool) {
     };
     mark_registry(&dir, registry_watched);
     tracing::info!(socket = %socket.display(), "serving device plugin registration");
-    let service = RegistrationServer::new(Registrar { manager });
-    let builder = auto::Builder::new(TokioExecutor::new()).http2_only();
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(socket = %socket.display(), error = %e, "accepting a device plugin connection");
-                // An error that lasts (out of descriptors) must not spin a core.
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        // Plugins built with older gRPC send the socket's path as :authority.
-        let conn = builder
-            .serve_connection(
-                TokioIo::new(AuthorityFilter::new(stream)),
-                TowerToHyperService::new(service.clone()),
-            )
-            .into_owned();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "device plugin registration connection ended");
-            }
-        });
-    }
+    let routes = tonic::service::Routes::new(RegistrationServer::new(Registrar { manager }));
+    crate::agent::grpc_socket::serve(listener, routes, "device plugin registration").await;
 }
 
 /// Makes or removes the `DEPRECATION` file that tells plugins to wait to be found in the
