@@ -13,9 +13,16 @@ use tokio::net::UnixListener;
 
 use crate::cri::authority::AuthorityFilter;
 
-/// Binds `socket` (making its directory), replacing a file left there, readable and writable
-/// by root only.
+/// Binds `socket` (making its directory), replacing a file an earlier run left there, readable
+/// and writable by root only. A socket another process still serves (a kubelet, another
+/// berthd's agent) is left to it: AddrInUse.
 pub fn bind(socket: &Path) -> std::io::Result<UnixListener> {
+    if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another process serves this socket (a kubelet, or another berthd's agent)",
+        ));
+    }
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -52,5 +59,30 @@ pub async fn serve(listener: UnixListener, routes: tonic::service::Routes, what:
                 tracing::debug!(error = %e, "{what} connection ended");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_a_served_one_left_alone() {
+        let dir = std::env::temp_dir().join(format!("berth-grpcsock-{}", std::process::id()));
+        let socket = dir.join("sub/kubelet.sock");
+        let first = bind(&socket).expect("bind");
+        // Served: left alone.
+        let e = bind(&socket).expect_err("a served socket");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+        // No longer served (its file left behind): replaced.
+        drop(first);
+        assert!(socket.exists());
+        let _second = bind(&socket).expect("a stale socket replaced");
+        let mode = std::fs::metadata(&socket)
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

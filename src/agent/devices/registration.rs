@@ -98,14 +98,10 @@ pub fn check_plugin(resource: &str, versions: &[String]) -> Result<(), String> {
 pub async fn serve(manager: Arc<DeviceManager>, registry_watched: bool) {
     let dir = manager.dir().to_path_buf();
     let socket = dir.join(SOCKET_NAME);
-    if tokio::net::UnixStream::connect(&socket).await.is_ok() {
-        tracing::error!(socket = %socket.display(), "device plugin registration not served: another process serves this socket (a kubelet, or another berthd's agent); set agent.device_plugin_dir");
-        return;
-    }
     let listener = match crate::agent::grpc_socket::bind(&socket) {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(socket = %socket.display(), error = %e, "device plugin registration not served");
+            tracing::error!(socket = %socket.display(), error = %e, "device plugin registration not served (set agent.device_plugin_dir)");
             return;
         }
     };

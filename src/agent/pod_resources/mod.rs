@@ -118,7 +118,7 @@ pub async fn serve(dir: PathBuf, ctx: Arc<AgentContext>) {
     let listener = match crate::agent::grpc_socket::bind(&socket) {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(socket = %socket.display(), error = %e, "pod resources API not served");
+            tracing::error!(socket = %socket.display(), error = %e, "pod resources API not served (set agent.pod_resources_dir)");
             return;
         }
     };
