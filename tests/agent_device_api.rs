@@ -1,5 +1,6 @@
 //! The parts of the device plugin API the sample plugin leaves out, with a plugin written here
-//! against the published API: device nodes, env and annotations from Allocate, PreStartContainer
+//! against the published API: the devices it prefers (GetPreferredAllocation), device nodes,
+//! env and annotations from Allocate, PreStartContainer
 //! before each start when the plugin asks for it, health changes in its device list, a plugin
 //! that registers before it serves, the pod resources API's Get and GetAllocatableResources,
 //! and the plugin registry's answers to a plugin of a type
@@ -18,8 +19,9 @@ use agent_support::*;
 use berth::agent::devices::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use berth::agent::devices::api::registration_client::RegistrationClient;
 use berth::agent::devices::api::{
-    AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
-    DeviceSpec, Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
 };
 use berth::agent::plugin_registry::api::registration_server::{
@@ -36,11 +38,17 @@ use tonic::{Request, Response, Status};
 
 const RESOURCE: &str = "example.com/fake";
 
-/// Devices `fake0` and `fake1`, each a node of the host's /dev/zero.
+/// Devices `fake0` and `fake1`, each a node of the host's /dev/zero; it prefers the last of the
+/// devices it is offered.
 struct FakePlugin {
     devices: watch::Receiver<Vec<Device>>,
     pre_started: Arc<Mutex<Vec<Vec<String>>>>,
+    /// The GetPreferredAllocation requests.
+    offered: Arc<Mutex<Vec<Offer>>>,
 }
+
+/// One GetPreferredAllocation request: the devices offered and how many to take.
+type Offer = (Vec<String>, i32);
 
 type DeviceLists =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
@@ -80,9 +88,26 @@ impl DevicePlugin for FakePlugin {
 
     async fn get_preferred_allocation(
         &self,
-        _: Request<PreferredAllocationRequest>,
+        request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("no preference"))
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| {
+                if let Ok(mut o) = self.offered.lock() {
+                    o.push((c.available_device_i_ds.clone(), c.allocation_size));
+                }
+                let size = usize::try_from(c.allocation_size).unwrap_or(0);
+                let from = c.available_device_i_ds.len().saturating_sub(size);
+                ContainerPreferredAllocationResponse {
+                    device_i_ds: c.available_device_i_ds[from..].to_vec(),
+                }
+            })
+            .collect();
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
     async fn allocate(
@@ -131,7 +156,7 @@ impl DevicePlugin for FakePlugin {
 fn options() -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required: true,
-        get_preferred_allocation_available: false,
+        get_preferred_allocation_available: true,
     }
 }
 
@@ -191,11 +216,13 @@ async fn allocate_answers_reach_the_container_and_health_changes_reach_the_node(
     let (list, devices) =
         watch::channel(vec![device("fake0", "Healthy"), device("fake1", "Healthy")]);
     let pre_started = Arc::new(Mutex::new(Vec::new()));
+    let offered = Arc::new(Mutex::new(Vec::new()));
     let server = start_plugin(
         &dir,
         FakePlugin {
             devices,
             pre_started: pre_started.clone(),
+            offered: offered.clone(),
         },
     )
     .await;
@@ -218,7 +245,12 @@ async fn allocate_answers_reach_the_container_and_health_changes_reach_the_node(
     let id = running_container(&c, &uid, "main").await;
     let held = exec_ok(&c, &id, &["sh", "-c", "echo $FAKE_DEVICES"]).await;
     let held = held.trim().to_string();
-    assert!(["fake0", "fake1"].contains(&held.as_str()), "{held}");
+    // The device the plugin preferred of those offered, not the first in ID order.
+    assert_eq!(
+        offered.lock().expect("lock").clone(),
+        vec![(vec!["fake0".to_string(), "fake1".to_string()], 1)]
+    );
+    assert_eq!(held, "fake1");
     // The device node is the host's /dev/zero, readable and writable in the container.
     let read = exec_ok(
         &c,
@@ -399,6 +431,7 @@ async fn the_plugin_registry_takes_device_plugins_refuses_other_types_and_drops_
         Some(FakePlugin {
             devices,
             pre_started: Arc::new(Mutex::new(Vec::new())),
+            offered: Arc::new(Mutex::new(Vec::new())),
         }),
     );
     a.wait(

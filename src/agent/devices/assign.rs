@@ -119,9 +119,34 @@ pub fn assign(
     Ok(chosen)
 }
 
+/// Whether a plugin's preferred devices can be taken: `size` distinct devices, each of the
+/// `available` ones.
+pub fn preference_fits(preferred: &[String], available: &[String], size: usize) -> bool {
+    let distinct: BTreeSet<&String> = preferred.iter().collect();
+    preferred.len() == size
+        && distinct.len() == size
+        && preferred.iter().all(|id| available.contains(id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preference_is_taken_only_as_many_distinct_available_devices() {
+        let available: Vec<String> = ["g0", "g1", "g2"].map(String::from).to_vec();
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(preference_fits(&ids(&["g2", "g0"]), &available, 2));
+        assert!(!preference_fits(&ids(&["g2"]), &available, 2), "too few");
+        assert!(
+            !preference_fits(&ids(&["g2", "g2"]), &available, 2),
+            "twice the same"
+        );
+        assert!(
+            !preference_fits(&ids(&["g2", "g9"]), &available, 2),
+            "not available"
+        );
+    }
 
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))

@@ -81,6 +81,33 @@ fn healthy_of(resources: &BTreeMap<String, Resource>) -> assign::DeviceIds {
         .collect()
 }
 
+/// The devices of `resource` a container could hold: the healthy ones no other container
+/// (of any pod) holds, and `own`, in ID order.
+fn available_in(
+    st: &State,
+    uid: &str,
+    container: &str,
+    resource: &str,
+    own: &[String],
+) -> Option<Vec<String>> {
+    let r = st.resources.get(resource)?;
+    let taken: BTreeSet<&String> = st
+        .pods
+        .iter()
+        .flat_map(|(pod, cs)| cs.iter().map(move |(c, d)| (pod, c, d)))
+        .filter(|(pod, c, _)| !(pod.as_str() == uid && c.as_str() == container))
+        .filter_map(|(_, _, d)| d.ids.get(resource))
+        .flatten()
+        .collect();
+    let available = r
+        .devices
+        .iter()
+        .filter(|(id, healthy)| (**healthy && !taken.contains(id)) || own.contains(id))
+        .map(|(id, _)| id.clone())
+        .collect();
+    Some(available)
+}
+
 /// The devices each container of pod `uid` holds, by container name.
 fn held_by(pods: &Allocations, uid: &str) -> BTreeMap<String, assign::DeviceIds> {
     pods.get(uid)
@@ -330,6 +357,12 @@ impl DeviceManager {
                 .flatten()
                 .ok_or_else(|| DeviceError::NotRegistered(resource.to_string()))
         };
+        // Before its first Allocate, a container may take the devices its plugins prefer.
+        let held = if held.granted.is_none() {
+            self.prefer(uid, container, held, &plugins).await
+        } else {
+            held
+        };
         let granted = match held.granted {
             Some(g) => g,
             None => {
@@ -359,6 +392,76 @@ impl DeviceManager {
             }
         }
         Ok(Some(granted))
+    }
+
+    /// Swaps a container's devices for those its plugins prefer (plugins that offer a
+    /// preference), from the devices no other container holds and its own; a preference that
+    /// fails, does not fit or was overtaken keeps the devices admission chose.
+    async fn prefer(
+        &self,
+        uid: &str,
+        container: &str,
+        mut held: ContainerDevices,
+        plugins: &BTreeMap<String, Option<Arc<Plugin>>>,
+    ) -> ContainerDevices {
+        for (resource, plugin) in plugins {
+            let Some(plugin) = plugin
+                .as_ref()
+                .filter(|p| p.options.get_preferred_allocation_available)
+            else {
+                continue;
+            };
+            let Some(ids) = held.ids.get(resource).cloned() else {
+                continue;
+            };
+            let Some(available) = self.available_to(uid, container, resource, &ids) else {
+                continue;
+            };
+            let preferred = match plugin.preferred(&available, ids.len()).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(pod = uid, container, error = %e, "devices kept as admitted");
+                    continue;
+                }
+            };
+            if !assign::preference_fits(&preferred, &available, ids.len()) {
+                tracing::warn!(pod = uid, container, resource = %resource, ?preferred, ?available, "the plugin's preferred devices do not fit: devices kept as admitted");
+                continue;
+            }
+            if preferred == ids {
+                continue;
+            }
+            let Ok(mut st) = self.state.lock() else {
+                continue;
+            };
+            // Taken only while every preferred device is still free, and the container still
+            // holds what it held.
+            let still_free = available_in(&st, uid, container, resource, &ids)
+                .is_some_and(|now| preferred.iter().all(|id| now.contains(id)));
+            let Some(c) = st.pods.get_mut(uid).and_then(|p| p.get_mut(container)) else {
+                continue;
+            };
+            if !still_free || c.ids.get(resource) != Some(&ids) || c.granted.is_some() {
+                continue;
+            }
+            c.ids.insert(resource.clone(), preferred.clone());
+            held.ids.insert(resource.clone(), preferred);
+            self.save(&st.pods);
+        }
+        held
+    }
+
+    /// The devices of `resource` container `container` of pod `uid` could hold: the healthy
+    /// ones no other container holds, and `own`.
+    fn available_to(
+        &self,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        own: &[String],
+    ) -> Option<Vec<String>> {
+        let st = self.state.lock().ok()?;
+        available_in(&st, uid, container, resource, own)
     }
 
     fn save(&self, pods: &Allocations) {

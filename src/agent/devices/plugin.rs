@@ -1,5 +1,5 @@
 //! One registered device plugin: the connection to its socket and the calls the agent makes on
-//! it (ListAndWatch, Allocate, PreStartContainer).
+//! it (ListAndWatch, GetPreferredAllocation, Allocate, PreStartContainer).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,8 +9,9 @@ use tonic::transport::Channel;
 use super::DeviceError;
 use super::api::device_plugin_client::DevicePluginClient;
 use super::api::{
-    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, DevicePluginOptions,
-    Empty, ListAndWatchResponse, PreStartContainerRequest,
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+    ContainerPreferredAllocationRequest, DevicePluginOptions, Empty, ListAndWatchResponse,
+    PreStartContainerRequest, PreferredAllocationRequest,
 };
 
 /// How long a plugin's socket may take to be there and accept the connection.
@@ -110,6 +111,36 @@ impl Plugin {
             (Some(one), None) => Ok(one),
             _ => Err(self.rpc(
                 "Allocate",
+                tonic::Status::internal("the answer is not one container's"),
+            )),
+        }
+    }
+
+    /// Asks the plugin which `size` of the `available` devices it would give one container.
+    pub async fn preferred(
+        &self,
+        available: &[String],
+        size: usize,
+    ) -> Result<Vec<String>, DeviceError> {
+        let mut client = self.client.clone();
+        let request = PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: available.to_vec(),
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: i32::try_from(size).unwrap_or(i32::MAX),
+            }],
+        };
+        let call = "GetPreferredAllocation";
+        let answer = tokio::time::timeout(CALL_TIMEOUT, client.get_preferred_allocation(request))
+            .await
+            .map_err(|_| self.rpc(call, tonic::Status::deadline_exceeded("timed out")))?
+            .map_err(|status| self.rpc(call, status))?
+            .into_inner();
+        let mut responses = answer.container_responses.into_iter();
+        match (responses.next(), responses.next()) {
+            (Some(one), None) => Ok(one.device_i_ds),
+            _ => Err(self.rpc(
+                call,
                 tonic::Status::internal("the answer is not one container's"),
             )),
         }
