@@ -42,10 +42,7 @@ struct SamplePlugin {
 
 impl SamplePlugin {
     fn start(a: &Agent) -> Self {
-        let var = "BERTH_TEST_SAMPLE_DEVICE_PLUGIN";
-        let bin = std::env::var(var).unwrap_or_else(|_| {
-            panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
-        });
+        let bin = kubelet_support::kube_bin("BERTH_TEST_SAMPLE_DEVICE_PLUGIN");
         let dir = a._conf.path().join("plugins_registry");
         std::fs::create_dir_all(&dir).expect("plugin registry");
         let log = a._conf.path().join("sample-device-plugin.log");
@@ -135,10 +132,7 @@ async fn devices_in(c: &berth::client::CriClient, uid: &str) -> Vec<String> {
 /// (hack/podresources-list): each pod's container's devices of the sample resource, by pod
 /// name and container name.
 fn listed_devices(a: &Agent) -> Vec<(String, String, Vec<String>)> {
-    let var = "BERTH_TEST_PODRESOURCES_LIST";
-    let bin = std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run the suite through `make test` (or eval \"$(bash hack/kubernetes.sh)\")")
-    });
+    let bin = kubelet_support::kube_bin("BERTH_TEST_PODRESOURCES_LIST");
     let socket = a._conf.path().join("pod-resources/kubelet.sock");
     let out = Command::new(bin)
         .arg(&socket)

@@ -530,17 +530,7 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     // The status names the volume's image by digest (v0.36 `ImageSpec.image_ref`), in the form
     // of the container's own image_ref (the same image here); k8s-cri's reader still sees the
     // one mount.
-    let status: StatusMounts = unary(
-        &c,
-        "/runtime.v1.RuntimeService/ContainerStatus",
-        cri::ContainerStatusRequest {
-            container_id: made.container_id.clone(),
-            verbose: false,
-        },
-    )
-    .await
-    .expect("ContainerStatus");
-    let mounts = status.status.expect("status").mounts;
+    let mounts = status_mounts(&c, &made.container_id).await;
     let plain = container_status(&c, &made.container_id)
         .await
         .expect("ContainerStatus");
@@ -560,17 +550,7 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
     d.stop();
     d.spawn();
     let c = d.client().await;
-    let status: StatusMounts = unary(
-        &c,
-        "/runtime.v1.RuntimeService/ContainerStatus",
-        cri::ContainerStatusRequest {
-            container_id: made.container_id.clone(),
-            verbose: false,
-        },
-    )
-    .await
-    .expect("ContainerStatus after a restart");
-    let mounts = status.status.expect("status").mounts;
+    let mounts = status_mounts(&c, &made.container_id).await;
     assert_eq!(mounts.len(), 1);
     assert_eq!(mounts[0].image_sub_path, "etc");
 
@@ -596,6 +576,21 @@ async fn an_image_volume_mounts_its_sub_path_and_a_missing_one_is_refused() {
         "the refused volume's snapshot left behind"
     );
     remove_pod(&c, &pod).await;
+}
+
+/// The mounts of container `id`'s status, as a v0.36 client reads them.
+async fn status_mounts(c: &berth::client::CriClient, id: &str) -> Vec<MountImageRef> {
+    let status: StatusMounts = unary(
+        c,
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        cri::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        },
+    )
+    .await
+    .expect("ContainerStatus");
+    status.status.expect("status").mounts
 }
 
 /// The part of a v0.36 ContainerStatusResponse this test reads: `status.mounts[].image.image_ref`

@@ -66,17 +66,8 @@ impl Plugin {
         };
         if options.is_none() {
             let mut client = plugin.client.clone();
-            plugin.options =
-                tokio::time::timeout(CALL_TIMEOUT, client.get_device_plugin_options(Empty {}))
-                    .await
-                    .map_err(|_| {
-                        plugin.rpc(
-                            "GetDevicePluginOptions",
-                            tonic::Status::deadline_exceeded("timed out"),
-                        )
-                    })?
-                    .map_err(|status| plugin.rpc("GetDevicePluginOptions", status))?
-                    .into_inner();
+            let asked = client.get_device_plugin_options(Empty {});
+            plugin.options = plugin.timed("GetDevicePluginOptions", asked).await?;
         }
         Ok(plugin)
     }
@@ -101,11 +92,7 @@ impl Plugin {
                 devices_i_ds: ids.to_vec(),
             }],
         };
-        let answer = tokio::time::timeout(CALL_TIMEOUT, client.allocate(request))
-            .await
-            .map_err(|_| self.rpc("Allocate", tonic::Status::deadline_exceeded("timed out")))?
-            .map_err(|status| self.rpc("Allocate", status))?
-            .into_inner();
+        let answer = self.timed("Allocate", client.allocate(request)).await?;
         let mut responses = answer.container_responses.into_iter();
         match (responses.next(), responses.next()) {
             (Some(one), None) => Ok(one),
@@ -131,11 +118,9 @@ impl Plugin {
             }],
         };
         let call = "GetPreferredAllocation";
-        let answer = tokio::time::timeout(CALL_TIMEOUT, client.get_preferred_allocation(request))
-            .await
-            .map_err(|_| self.rpc(call, tonic::Status::deadline_exceeded("timed out")))?
-            .map_err(|status| self.rpc(call, status))?
-            .into_inner();
+        let answer = self
+            .timed(call, client.get_preferred_allocation(request))
+            .await?;
         let mut responses = answer.container_responses.into_iter();
         match (responses.next(), responses.next()) {
             (Some(one), None) => Ok(one.device_i_ds),
@@ -152,16 +137,22 @@ impl Plugin {
         let request = PreStartContainerRequest {
             devices_i_ds: ids.to_vec(),
         };
-        tokio::time::timeout(CALL_TIMEOUT, client.pre_start_container(request))
-            .await
-            .map_err(|_| {
-                self.rpc(
-                    "PreStartContainer",
-                    tonic::Status::deadline_exceeded("timed out"),
-                )
-            })?
-            .map_err(|status| self.rpc("PreStartContainer", status))?;
+        self.timed("PreStartContainer", client.pre_start_container(request))
+            .await?;
         Ok(())
+    }
+
+    /// Awaits `call`'s answer for at most [`CALL_TIMEOUT`].
+    async fn timed<T>(
+        &self,
+        call: &'static str,
+        answer: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, DeviceError> {
+        tokio::time::timeout(CALL_TIMEOUT, answer)
+            .await
+            .map_err(|_| self.rpc(call, tonic::Status::deadline_exceeded("timed out")))?
+            .map(tonic::Response::into_inner)
+            .map_err(|status| self.rpc(call, status))
     }
 
     fn rpc(&self, call: &'static str, status: tonic::Status) -> DeviceError {
