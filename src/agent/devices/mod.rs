@@ -241,15 +241,21 @@ impl DeviceManager {
             drop(st);
             self.changed();
         }
-        self.detach(&plugin.resource, &plugin.socket);
+        // Only this registration: a newer one of the resource may serve on the same socket.
+        self.forget(&plugin.resource, |p| Arc::ptr_eq(p, &plugin));
     }
 
     /// Forgets the plugin serving `resource` on `socket`, if it is the one registered: its
     /// devices stay counted but none is allocatable until the resource registers again.
     pub fn detach(&self, resource: &str, socket: &Path) {
+        self.forget(resource, |p| p.socket == socket);
+    }
+
+    /// Forgets `resource`'s registered plugin if `is_it` says it is the one meant.
+    fn forget(&self, resource: &str, is_it: impl Fn(&Arc<Plugin>) -> bool) {
         if let Ok(mut st) = self.state.lock()
             && let Some(r) = st.resources.get_mut(resource)
-            && r.plugin.as_ref().is_some_and(|p| p.socket == socket)
+            && r.plugin.as_ref().is_some_and(is_it)
         {
             r.plugin = None;
             r.devices.values_mut().for_each(|h| *h = false);
@@ -530,6 +536,34 @@ pub fn apply(granted: &Granted, config: &mut cri::ContainerConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_ended_registration_forgets_only_itself_not_a_newer_one_on_the_same_socket() {
+        let dir = std::env::temp_dir().join(format!("berth-devforget-{}", std::process::id()));
+        let m = DeviceManager::new(&dir, &dir.join("devices.json"));
+        let socket = dir.join("gpu.sock");
+        let register = |p: &Arc<Plugin>| {
+            let mut st = m.state.lock().expect("lock");
+            let r = st.resources.entry("example.com/gpu".into()).or_default();
+            r.plugin = Some(p.clone());
+            r.devices = [("g0".to_string(), true)].into();
+        };
+        let older = Arc::new(Plugin::unconnected("example.com/gpu", &socket));
+        let newer = Arc::new(Plugin::unconnected("example.com/gpu", &socket));
+        register(&older);
+        register(&newer);
+        // The older registration's device list ends after the newer one took over.
+        m.forget("example.com/gpu", |p| Arc::ptr_eq(p, &older));
+        assert_eq!(
+            m.resources()["example.com/gpu"],
+            (1, 1),
+            "the newer plugin kept"
+        );
+        // Its socket removed from the registry: whichever plugin serves on it is forgotten.
+        m.detach("example.com/gpu", &socket);
+        assert_eq!(m.resources()["example.com/gpu"], (1, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn answers_of_several_plugins_add_up_and_go_into_the_config() {

@@ -72,6 +72,19 @@ impl Plugin {
         Ok(plugin)
     }
 
+    /// A plugin for `resource` on `socket` that is not connected (for tests of the manager's
+    /// bookkeeping).
+    #[cfg(test)]
+    pub fn unconnected(resource: &str, socket: &Path) -> Self {
+        let channel = tonic::transport::Endpoint::from_static("http://[::1]:1").connect_lazy();
+        Self {
+            resource: resource.to_string(),
+            socket: socket.to_path_buf(),
+            options: DevicePluginOptions::default(),
+            client: DevicePluginClient::new(channel),
+        }
+    }
+
     /// Opens the plugin's stream of device lists.
     pub async fn list_and_watch(
         &self,

@@ -45,7 +45,7 @@ type SocketId = (u64, u64);
 /// What the agent made of one socket in the registry.
 struct Known {
     id: SocketId,
-    /// The device plugin it registered (resource, service socket).
+    /// The device plugin it registered (resource, service socket), once registered.
     device: Option<(String, PathBuf)>,
     /// When to try again, and the pause after that, while its registration fails.
     retry: Option<(Instant, Duration)>,
@@ -83,7 +83,7 @@ pub async fn run(dir: PathBuf, devices: Arc<DeviceManager>) {
             let known_now = match register(&path, &dir, &devices).await {
                 Ok(device) => Known {
                     id,
-                    device,
+                    device: Some(device),
                     retry: None,
                 },
                 Err(why) => {
@@ -100,9 +100,7 @@ pub async fn run(dir: PathBuf, devices: Arc<DeviceManager>) {
         let next_retry = known
             .values()
             .filter_map(|k| k.retry.map(|(at, _)| at))
-            .min()
-            .unwrap_or_else(|| Instant::now() + RESCAN)
-            .min(Instant::now() + RESCAN);
+            .fold(Instant::now() + RESCAN, Instant::min);
         tokio::select! {
             () = wake.notified() => {}
             () = tokio::time::sleep_until(next_retry) => {}
@@ -110,13 +108,13 @@ pub async fn run(dir: PathBuf, devices: Arc<DeviceManager>) {
     }
 }
 
-/// Registers the plugin on `socket`: the device plugin it turned out to be, if any, or why it
-/// was not taken (which it is told too).
+/// Registers the plugin on `socket`: the device plugin it turned out to be (resource, service
+/// socket), or why it was not taken (which it is told too).
 async fn register(
     socket: &Path,
     dir: &Path,
     devices: &Arc<DeviceManager>,
-) -> Result<Option<(String, PathBuf)>, String> {
+) -> Result<(String, PathBuf), String> {
     let channel = tokio::time::timeout(CALL_TIMEOUT, crate::client::unix_channel(socket))
         .await
         .map_err(|_| "connecting timed out".to_string())?
@@ -158,7 +156,7 @@ async fn take(
     dir: &Path,
     devices: &Arc<DeviceManager>,
     info: &PluginInfo,
-) -> Result<Option<(String, PathBuf)>, String> {
+) -> Result<(String, PathBuf), String> {
     if info.r#type != DEVICE_PLUGIN || devices.dir().as_os_str().is_empty() {
         return Err(format!(
             "no handler registered for plugin type {:?} (plugin {:?} at socket {})",
@@ -176,7 +174,7 @@ async fn take(
     .await
     .map_err(|_| format!("device plugin {:?}: attaching timed out", info.name))?
     .map_err(|e| e.to_string())?;
-    Ok(Some((info.name.clone(), endpoint)))
+    Ok((info.name.clone(), endpoint))
 }
 
 /// The socket a plugin serves its own API on: the registration socket when it names none, a
